@@ -1,0 +1,37 @@
+# The README's commands. `make train` and `make test` do all the set-up on a fresh Debian machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: setup data train test test-fast bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Debian ships Fashion-MNIST; elsewhere `bigbatch` downloads it (checksums verified).
+data:
+	@if [ ! -d $(FASHION_MNIST) ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; fi
+
+train: setup data
+	$(BIN)/bigbatch train
+
+test: setup data
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

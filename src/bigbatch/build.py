@@ -1,0 +1,136 @@
+"""Turn a validated RunConfig into the objects a run needs: data, model, optimizer, schedule."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bigbatch.config import RunConfig
+from bigbatch.data import build_datasets
+from bigbatch.data.loader import default_workers
+from bigbatch.data.sampler import GlobalBatchPlan
+from bigbatch.distributed import DistContext
+from bigbatch.errors import ConfigError
+from bigbatch.models import create_model, model_spec
+from bigbatch.optim import LRSchedule, build_optimizer, scale_lr
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How a global batch is executed: B = b x W x A (DESIGN.md principle 1)."""
+
+    global_batch: int
+    micro_batch: int
+    world_size: int
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+    def check(self) -> BatchLayout:
+        per_step = self.micro_batch * self.world_size
+        if self.global_batch % per_step:
+            raise ConfigError(
+                f"global batch {self.global_batch} is not a multiple of micro-batch "
+                f"{self.micro_batch} x {self.world_size} processes = {per_step}; choose a global "
+                f"batch that is a multiple of {per_step} or a smaller --micro-batch"
+            )
+        return self
+
+
+def image_size_for(cfg: RunConfig) -> int | None:
+    if cfg.data.image_size is not None:
+        return cfg.data.image_size
+    if cfg.data.name == "fashion-mnist":
+        return None
+    return model_spec(cfg.model.name).default_image_size
+
+
+def datasets_for(cfg: RunConfig):
+    """(train, val) datasets of the run."""
+    return build_datasets(
+        cfg.data.name,
+        path=cfg.data.path,
+        seed=cfg.seed,
+        image_size=image_size_for(cfg),
+        train_subset=cfg.data.train_subset,
+        on_broken=cfg.data.on_broken,
+        synthetic_examples=cfg.data.synthetic_examples,
+        synthetic_classes=cfg.data.synthetic_classes,
+        fast_decode=cfg.data.fast_decode,
+    )
+
+
+def model_for(cfg: RunConfig, num_classes: int, in_channels: int) -> nn.Module:
+    """The model, initialised from the run's seed (identical on every rank)."""
+    torch.manual_seed(cfg.seed)
+    try:
+        return create_model(cfg.model.name, num_classes, in_channels, **cfg.model.options)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def plan_for(cfg: RunConfig, num_examples: int, world_size: int, rank: int) -> GlobalBatchPlan:
+    BatchLayout(cfg.global_batch, cfg.micro_batch, world_size).check()
+    return GlobalBatchPlan(
+        num_examples=num_examples,
+        global_batch=cfg.global_batch,
+        micro_batch=cfg.micro_batch,
+        world_size=world_size,
+        rank=rank,
+        seed=cfg.seed,
+    )
+
+
+def peak_lr(cfg: RunConfig) -> float:
+    """The base LR scaled from the reference batch to the global batch by the chosen rule."""
+    return scale_lr(cfg.optim.lr, cfg.global_batch, cfg.optim.reference_batch, cfg.optim.lr_scaling)
+
+
+def schedule_for(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    s = cfg.schedule
+    try:
+        return LRSchedule(
+            base_lr=peak_lr(cfg),
+            total_steps=total,
+            warmup_steps=round(s.warmup_epochs * steps_per_epoch),
+            warmup_start_lr=s.warmup_start_lr,
+            kind=s.kind,
+            end_lr=s.end_lr,
+            power=s.power,
+            milestones=tuple(round(e * steps_per_epoch) for e in s.milestones),
+            gamma=s.gamma,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def optimizer_for(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return build_optimizer(
+        model,
+        o.name,
+        peak_lr(cfg),
+        momentum=o.momentum,
+        weight_decay=o.weight_decay,
+        trust_coefficient=o.trust_coefficient,
+        eps=o.eps,
+        clip=o.clip,
+        nesterov=o.nesterov,
+        exclude_bn_and_bias=o.exclude_bn_and_bias,
+    )
+
+
+def workers_for(cfg: RunConfig, ctx: DistContext) -> int:
+    """Loader processes per rank: none for in-memory data, else the cores shared among local ranks."""
+    if cfg.data.workers is not None:
+        return cfg.data.workers
+    if cfg.data.name in ("fashion-mnist", "synthetic"):
+        return 0
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, default_workers() // local_ranks)

@@ -1,0 +1,118 @@
+"""Checkpoints that are written atomically, verified on load, and independent of the world size.
+
+File layout: an 8-byte magic, the payload's length (8 bytes) and SHA-256 (32 bytes), then the
+payload (a ``torch.save`` of a dict). A file is written to a temporary name in the same folder,
+flushed and fsynced, then renamed into place, and the folder is fsynced; a crash at any moment
+leaves either the old set of checkpoints or the old set plus the new one, never a torn file
+under a checkpoint's name. Truncation or corruption is caught by the length and hash before
+unpickling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigbatch.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"BBCKPT01"
+_HEADER = struct.Struct("<8sQ32s")
+_NAME = re.compile(r"^checkpoint-step(\d{9})\.pt$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"checkpoint-step{step:09d}.pt"
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    return _HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def decode(blob: bytes, source: str) -> dict[str, Any]:
+    """The checkpoint dict, or CheckpointError saying what is wrong with the file."""
+    if len(blob) < _HEADER.size:
+        raise CheckpointError(f"checkpoint {source} is truncated ({len(blob)} bytes)")
+    magic, length, digest = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise CheckpointError(f"{source} is not a bigbatch checkpoint")
+    payload = blob[_HEADER.size :]
+    if len(payload) != length:
+        raise CheckpointError(
+            f"checkpoint {source} is truncated ({len(payload)} of {length} payload bytes)"
+        )
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"checkpoint {source} is corrupt (checksum mismatch)")
+    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes so that ``path`` holds either nothing new or all of ``data``."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def save(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint ``step`` atomically, then prune all but the newest ``keep``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / checkpoint_name(step)
+    write_atomic(path, encode(state))
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    return decode(Path(path).read_bytes(), str(path))
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoints in ``folder``, oldest first (by step)."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def load_latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies, falling back past damaged ones (and saying so)."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            return path, load(path)
+        except CheckpointError as error:
+            log.warning("skipping damaged checkpoint: %s; trying the previous one", error)
+    return None
+
+
+def clean_temporaries(folder: Path) -> None:
+    """Remove half-written files left by a process killed while saving."""
+    if folder.is_dir():
+        for stray in folder.glob(".checkpoint-step*.pt.tmp-*"):
+            stray.unlink(missing_ok=True)

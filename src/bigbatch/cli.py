@@ -1,0 +1,178 @@
+"""The `bigbatch` command line.
+
+    bigbatch train                                   # the default recipe (Fashion-MNIST, LARS, batch 4096)
+    bigbatch train --recipe imagenet-resnet50-32k --data /data/imagenet
+    torchrun --nproc-per-node 4 -m bigbatch train --recipe fashion-mnist
+    bigbatch eval --weights runs/fashion-mnist/final.pt
+    bigbatch recipes
+
+Exit codes: 0 done; 2 bad input (one line on stderr says what to change); 3 stopped on a
+non-finite loss; 75 preempted after writing a checkpoint (resume with --resume auto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from bigbatch.errors import UserError
+
+EXIT_USER_ERROR = 2
+EXIT_NONFINITE = 3
+
+# Command-line flags that map straight onto config keys.
+TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
+    "data": ("data.path", str, "data folder (Fashion-MNIST IDX files or an ImageNet-style tree)"),
+    "dataset": ("data.name", str, "data set: fashion-mnist, imagefolder, synthetic, packed"),
+    "out": ("out", str, "run directory (config, metrics, checkpoints, summary, weights)"),
+    "model": ("model.name", str, "model name (see `bigbatch models`)"),
+    "optimizer": ("optim.name", str, "lars or sgd"),
+    "batch_size": ("global_batch", int, "global batch B (all processes, all accumulation steps)"),
+    "micro_batch": ("micro_batch", int, "micro-batch b: one forward pass on one device; the BN batch"),
+    "epochs": ("epochs", float, "training epochs"),
+    "lr": ("optim.lr", float, "base learning rate (at optim.reference_batch)"),
+    "warmup_epochs": ("schedule.warmup_epochs", float, "linear warmup length in epochs"),
+    "seed": ("seed", int, "seed of the whole run (data order, augmentation, init, dropout)"),
+    "train_subset": ("data.train_subset", int, "use only the first N training examples"),
+    "resume": ("checkpoint.resume", str, "'auto' (latest valid checkpoint in the run dir) or a path"),
+    "checkpoint_every": ("checkpoint.every_steps", int, "also checkpoint every N global steps"),
+    "backend": ("backend", str, "auto (NCCL on GPUs, else gloo), gloo or nccl"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return args.handler(args) or 0
+    except UserError as error:
+        print(f"bigbatch: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("bigbatch: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bigbatch",
+        description="Very-large-batch synchronous data-parallel training with LARS.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    add_train_command(commands)
+    add_eval_command(commands)
+    add_simple_command(commands, "recipes", "list the shipped recipes", run_recipes)
+    add_simple_command(commands, "models", "list the registered models", run_models)
+    return parser
+
+
+def add_simple_command(commands, name: str, help_text: str, handler: Callable) -> None:
+    command = commands.add_parser(name, help=help_text, description=help_text)
+    command.set_defaults(handler=handler)
+
+
+def add_config_options(command: argparse.ArgumentParser) -> None:
+    source = command.add_mutually_exclusive_group()
+    source.add_argument("--recipe", help="a shipped recipe (see `bigbatch recipes`); default fashion-mnist")
+    source.add_argument("--config", help="a YAML config file (e.g. a run's config.yaml)")
+    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override any config key, e.g. --set optim.trust_coefficient=0.002")
+
+
+def add_train_command(commands) -> None:
+    command = commands.add_parser("train", help="train a model", description="Train a model.")
+    add_config_options(command)
+    for flag, (_, kind, help_text) in TRAIN_FLAGS.items():
+        command.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
+    command.set_defaults(handler=run_train)
+
+
+def add_eval_command(commands) -> None:
+    command = commands.add_parser("eval", help="evaluate saved weights on the validation set",
+                                  description="Evaluate saved weights (final.pt or a checkpoint).")
+    command.add_argument("--weights", required=True, help="final.pt or a checkpoint file")
+    command.add_argument("--data", help="data folder, if not the one the weights were trained on")
+    command.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
+    command.set_defaults(handler=run_eval)
+
+
+def setup_logging(verbose: bool) -> None:
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    if rank != "0" and not verbose:
+        # Rank 0 reports progress; the others speak only about problems.
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def overrides_from_flags(args: argparse.Namespace) -> list[str]:
+    assignments = []
+    for flag, (key, _, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            assignments.append(f"{key}={value}")
+    return assignments
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from bigbatch.config import resolve_config
+    from bigbatch.distributed import init_distributed, shutdown
+    from bigbatch.engine import NonFiniteLoss, Preempted, train
+    from bigbatch.preemption import PREEMPTED_EXIT_CODE
+
+    cfg = resolve_config(args.recipe, args.config, overrides_from_flags(args) + args.overrides)
+    ctx = init_distributed(cfg.backend)
+    try:
+        summary = train(cfg, ctx)
+    except NonFiniteLoss as error:
+        logging.getLogger("bigbatch").error("%s", error)
+        return EXIT_NONFINITE
+    except Preempted as error:
+        logging.getLogger("bigbatch").warning("%s; resume with --resume auto", error)
+        return PREEMPTED_EXIT_CODE
+    finally:
+        shutdown()
+    if ctx.is_main:
+        print(json.dumps(summary))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from bigbatch.inference import evaluate_weights
+
+    result = evaluate_weights(args.weights, data_path=args.data, batch_size=args.batch_size)
+    print(json.dumps(result))
+    return 0
+
+
+def run_recipes(args: argparse.Namespace) -> int:
+    from bigbatch.config import load_recipe, recipe_names
+
+    for name in recipe_names():
+        print(f"{name:30s} {load_recipe(name).get('description', '')}")
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from bigbatch.models import model_names, model_spec
+
+    for name in model_names():
+        print(f"{name:16s} {model_spec(name).description}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""A run's configuration: typed dataclasses, YAML in and out, `--set` overrides, validation.
+
+A run is defined by its global batch B, its micro-batch b and its seed (DESIGN.md principle 1);
+the number of processes and the accumulation steps are derived at launch time.
+Every check here runs before any work starts and fails with one line that says what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from bigbatch.errors import ConfigError
+
+DATASETS = ("fashion-mnist", "imagefolder", "synthetic", "packed")
+OPTIMIZERS = ("lars", "sgd")
+SCHEDULES = ("poly", "cosine", "step", "constant")
+LR_SCALING = ("none", "linear", "sqrt")
+PRECISIONS = ("fp32", "bf16")
+ON_BROKEN = ("skip", "error")
+ON_NONFINITE = ("stop", "skip")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DataConfig:
+    name: str = "fashion-mnist"
+    path: str | None = None
+    image_size: int | None = None  # None: the data set's native size or the model's default
+    train_subset: int | None = None  # first N training examples, for quick runs
+    on_broken: str = "skip"  # broken image files: skip and report, or stop naming the file
+    workers: int | None = None  # loader processes per rank; None: sized to the cores
+    fast_decode: bool = True  # JPEG decode at reduced scale where the crop allows
+    synthetic_examples: int = 10000
+    synthetic_classes: int = 1000
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small_resnet"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "lars"
+    lr: float = 1.0  # base LR at reference_batch, scaled by lr_scaling to the global batch
+    lr_scaling: str = "none"
+    reference_batch: int = 256
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    trust_coefficient: float = 0.001
+    eps: float = 0.0
+    clip: bool = False
+    exclude_bn_and_bias: bool = True
+
+
+@dataclass
+class ScheduleConfig:
+    kind: str = "poly"
+    warmup_epochs: float = 0.0
+    warmup_start_lr: float = 0.0
+    end_lr: float = 0.0
+    power: float = 2.0
+    milestones: list[float] = field(default_factory=list)  # epochs, for kind=step
+    gamma: float = 0.1
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at epoch ends and at the end
+    every_minutes: float = 0.0
+    keep: int = 2
+    resume: str | None = None  # None, "auto" or a path
+
+
+@dataclass
+class RunConfig:
+    epochs: float = 10
+    global_batch: int = 4096
+    micro_batch: int = 256
+    seed: int = 0
+    label_smoothing: float = 0.0
+    eval_every: int = 1  # epochs
+    log_every: int = 1  # steps between metric lines
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    sync_bn: bool = False
+    backend: str = "auto"
+    on_nonfinite: str = "stop"
+    max_skipped_steps: int = 10
+    out: str = "runs/default"
+    description: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def config_from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Build a RunConfig from a nested dict, rejecting unknown keys with their dotted name."""
+    return _build(RunConfig, raw, prefix="")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping, got {raw!r}")
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError(
+                f"unknown config key '{prefix}{key}'; known keys: {', '.join(sorted(names))}"
+            )
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, prefix=f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, hint, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Convert a YAML or command-line value to the field's declared type."""
+    text = str(hint)
+    optional = "None" in text
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"'{name}' cannot be empty")
+    try:
+        if hint is bool:
+            return _to_bool(value, name)
+        if hint is int or text.startswith("int"):
+            return _to_int(value, name)
+        if hint is float or text.startswith("float"):
+            return float(value)
+        if text.startswith("list"):
+            items = value if isinstance(value, list) else yaml.safe_load(f"[{value}]")
+            return [float(v) for v in items]
+        if text.startswith("dict"):
+            if isinstance(value, dict):
+                return value
+            raise ConfigError(f"'{name}' must be a mapping")
+        return str(value)
+    except (TypeError, ValueError, yaml.YAMLError):
+        raise ConfigError(f"'{name}' must be {_type_word(hint)}, got {value!r}") from None
+
+
+def _to_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "yes", "1", "on"):
+        return True
+    if str(value).lower() in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(name)
+
+
+def _to_int(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(name)
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(name)
+    return int(number)
+
+
+def _type_word(hint: Any) -> str:
+    text = str(hint)
+    for word, label in (("bool", "true or false"), ("int", "an integer"), ("float", "a number")):
+        if word in text:
+            return label
+    return "text"
+
+
+def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """Apply `key=value` assignments (dotted keys, YAML values) to a nested dict."""
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ConfigError(f"--set expects key=value, got '{assignment}'")
+        key, text = assignment.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            value = text
+        set_dotted(raw, key.strip(), value)
+    return raw
+
+
+def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def recipe_names() -> list[str]:
+    folder = resources.files("bigbatch") / "recipes"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_recipe(name: str) -> dict[str, Any]:
+    """The raw dict of a shipped recipe."""
+    if name not in recipe_names():
+        raise ConfigError(
+            f"unknown recipe '{name}'; choose one of: {', '.join(recipe_names())} "
+            "(or pass --config FILE)"
+        )
+    text = (resources.files("bigbatch") / "recipes" / f"{name}.yaml").read_text()
+    return yaml.safe_load(text) or {}
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file '{path}' does not exist")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys")
+    return raw
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check every value that can be checked without data; raise ConfigError on the first bad one."""
+    _check_choice("data.name", cfg.data.name, DATASETS)
+    _check_choice("data.on_broken", cfg.data.on_broken, ON_BROKEN)
+    _check_choice("optim.name", cfg.optim.name, OPTIMIZERS)
+    _check_choice("optim.lr_scaling", cfg.optim.lr_scaling, LR_SCALING)
+    _check_choice("schedule.kind", cfg.schedule.kind, SCHEDULES)
+    _check_choice("precision", cfg.precision, PRECISIONS)
+    _check_choice("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
+    _check_choice("backend", cfg.backend, BACKENDS)
+    _check_positive("epochs", cfg.epochs)
+    _check_positive("global_batch", cfg.global_batch)
+    _check_positive("micro_batch", cfg.micro_batch)
+    _check_positive("optim.lr", cfg.optim.lr)
+    _check_positive("optim.reference_batch", cfg.optim.reference_batch)
+    _check_positive("eval_every", cfg.eval_every)
+    _check_positive("log_every", cfg.log_every)
+    _check_positive("checkpoint.keep", cfg.checkpoint.keep)
+    _check_range("optim.momentum", cfg.optim.momentum, 0.0, 1.0, upper_open=True)
+    _check_range("label_smoothing", cfg.label_smoothing, 0.0, 1.0, upper_open=True)
+    for name in ("optim.weight_decay", "optim.trust_coefficient", "optim.eps", "schedule.end_lr",
+                 "schedule.warmup_epochs", "schedule.warmup_start_lr", "checkpoint.every_steps",
+                 "checkpoint.every_minutes", "max_skipped_steps", "seed"):
+        _check_non_negative(name, _get_dotted(cfg, name))
+    if cfg.global_batch % cfg.micro_batch:
+        raise ConfigError(
+            f"global batch {cfg.global_batch} is not a multiple of micro-batch {cfg.micro_batch}; "
+            f"set --micro-batch to a divisor of {cfg.global_batch}"
+        )
+    if cfg.schedule.warmup_epochs > cfg.epochs:
+        raise ConfigError(
+            f"schedule.warmup_epochs ({cfg.schedule.warmup_epochs}) is longer than the run "
+            f"({cfg.epochs} epochs); lower --warmup-epochs"
+        )
+    if cfg.data.train_subset is not None and cfg.data.train_subset < cfg.global_batch:
+        raise ConfigError(
+            f"--train-subset {cfg.data.train_subset} is smaller than the global batch "
+            f"{cfg.global_batch}; use at least {cfg.global_batch} examples or a smaller batch"
+        )
+    if cfg.data.name in ("imagefolder", "packed") and not cfg.data.path:
+        raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
+    if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
+        raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
+    return cfg
+
+
+def _get_dotted(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"'{name}' is '{value}'; choose one of: {', '.join(choices)}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"'{name}' must be a positive number, got {value}")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):
+        raise ConfigError(f"'{name}' must be zero or positive, got {value}")
+
+
+def _check_range(name: str, value: float, low: float, high: float, upper_open: bool) -> None:
+    ok = low <= value < high if upper_open else low <= value <= high
+    if not ok:
+        raise ConfigError(f"'{name}' must be in [{low}, {high}), got {value}")
+
+
+def resolve_config(
+    recipe: str | None = None,
+    config_file: str | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """Recipe or file, then overrides, then validation: the config a run will use."""
+    if recipe and config_file:
+        raise ConfigError("pass either --recipe or --config, not both")
+    if config_file:
+        raw = load_config_file(config_file)
+    else:
+        raw = load_recipe(recipe or "fashion-mnist")
+    raw = apply_overrides(raw, overrides or [])
+    return validate(config_from_dict(raw))
