@@ -143,7 +143,8 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     """Convert a YAML or command-line value to the field's declared type."""
     text = str(hint)
     optional = "None" in text
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+    spelled_none = isinstance(value, str) and value.lower() in ("none", "null")
+    if value is None or (spelled_none and optional):
         if optional:
             return None
         raise ConfigError(f"'{name}' cannot be empty")
