@@ -1,0 +1,107 @@
+"""Data sets, world-size-invariant batching and loaders.
+
+Every data set is map-style and keyed by (example index, epoch); ``__getitems__`` returns a
+:class:`Batch`. Data order and augmentation are functions of (seed, epoch, index) only
+(DESIGN.md principle 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.data import Dataset
+
+from bigbatch.data.batch import Batch
+from bigbatch.data.fashion_mnist import FashionMNIST, locate_fashion_mnist
+from bigbatch.data.imagefolder import ImageFolderData
+from bigbatch.data.loader import default_workers, make_loader
+from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
+from bigbatch.data.synthetic import SyntheticImages
+from bigbatch.errors import ConfigError
+
+DATASETS = ("fashion-mnist", "imagefolder", "synthetic")
+ON_BROKEN = ("skip", "error")
+DEFAULT_IMAGE_SIZE = 224
+# The usual ImageNet evaluation resize: shorter side 256 for a 224 crop (ratio 0.875).
+EVAL_CROP_FRACTION = 224 / 256
+
+
+def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | None = None,
+                   train_subset: int | None = None, on_broken: str = "skip",
+                   synthetic_examples: int = 10000, synthetic_classes: int = 1000,
+                   in_channels: int = 3, fast_decode: bool = True) -> tuple[Dataset, Dataset]:
+    """(training set with augmentation, validation set without) for data set ``name``.
+
+    Args:
+        name: one of "fashion-mnist", "imagefolder", "synthetic".
+        path: data folder (required for imagefolder; optional for fashion-mnist, see
+            locate_fashion_mnist; ignored for synthetic).
+        seed: run seed for augmentation.
+        image_size: output side; default 224 (imagefolder, synthetic); Fashion-MNIST is 28.
+        train_subset: use only this many training examples (default all).
+        on_broken: "skip" or "error" for unreadable images (imagefolder).
+        synthetic_examples / synthetic_classes / in_channels: shape of the synthetic set; its
+            validation set has a tenth as many examples.
+        fast_decode: JPEG draft-mode decoding (imagefolder).
+    """
+    if on_broken not in ON_BROKEN:
+        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
+    if name == "fashion-mnist":
+        return _fashion_mnist(path, seed, image_size, train_subset)
+    if name == "imagefolder":
+        return _imagefolder(path, seed, image_size, train_subset, on_broken, fast_decode)
+    if name == "synthetic":
+        return _synthetic(seed, image_size, train_subset, synthetic_examples, synthetic_classes,
+                          in_channels)
+    raise ConfigError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def _fashion_mnist(path: str | None, seed: int, image_size: int | None,
+                   train_subset: int | None) -> tuple[Dataset, Dataset]:
+    if image_size not in (None, FashionMNIST.image_size):
+        raise ConfigError(f"Fashion-MNIST images are {FashionMNIST.image_size}x"
+                          f"{FashionMNIST.image_size}; set image_size to 28 or leave it unset")
+    root = locate_fashion_mnist(path)
+    return (FashionMNIST(root, train=True, seed=seed, subset=train_subset),
+            FashionMNIST(root, train=False, seed=seed))
+
+
+def _imagefolder(path: str | None, seed: int, image_size: int | None, train_subset: int | None,
+                 on_broken: str, fast_decode: bool) -> tuple[Dataset, Dataset]:
+    if path is None:
+        raise ConfigError("the imagefolder data set needs a folder; pass --data DIR with "
+                          "DIR/train/<class>/<images> and DIR/val/<class>/<images>")
+    size = image_size or DEFAULT_IMAGE_SIZE
+    resize = round(size / EVAL_CROP_FRACTION)
+    common = dict(seed=seed, image_size=size, resize_size=resize, on_broken=on_broken,
+                  fast_decode=fast_decode)
+    train = ImageFolderData(Path(path), "train", train=True, subset=train_subset, **common)
+    val = ImageFolderData(Path(path), "val", train=False, class_names=train.classes, **common)
+    return train, val
+
+
+def _synthetic(seed: int, image_size: int | None, train_subset: int | None, examples: int,
+               classes: int, in_channels: int) -> tuple[Dataset, Dataset]:
+    size = image_size or DEFAULT_IMAGE_SIZE
+    count = min(examples, train_subset) if train_subset else examples
+    train = SyntheticImages(count, classes, size, in_channels, seed)
+    val = SyntheticImages(max(1, examples // 10), classes, size, in_channels, seed,
+                          first_index=examples)
+    return train, val
+
+
+__all__ = [
+    "Batch",
+    "DATASETS",
+    "FashionMNIST",
+    "GlobalBatchPlan",
+    "ImageFolderData",
+    "SyntheticImages",
+    "TrainBatches",
+    "build_datasets",
+    "default_workers",
+    "eval_batches",
+    "eval_shard",
+    "locate_fashion_mnist",
+    "make_loader",
+]

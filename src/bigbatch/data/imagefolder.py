@@ -1,0 +1,236 @@
+"""ImageNet-style folders: root/train/<class>/<image> and root/val/<class>/<image>.
+
+Decoding is PIL with JPEG draft mode (libjpeg DCT scaling) when it loses no output resolution,
+and crop + resize as one resampling of the crop box. Augmentation parameters are drawn from
+example_generator(seed, epoch, index), so an example's crop does not depend on the worker, the
+batch or the number of processes (DESIGN.md principle 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from bigbatch.data.batch import Batch, keys_array, normalize_key
+from bigbatch.data.seeding import example_generator
+from bigbatch.data.transforms import (
+    CROP_ATTEMPTS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    UNIFORMS_PER_ATTEMPT,
+    Box,
+    center_crop_box,
+    decode_crop,
+    normalized_batch,
+    random_resized_crop_box,
+)
+from bigbatch.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff",
+                              ".webp"})
+SPLITS = ("train", "val")
+ON_BROKEN = ("skip", "error")
+# Everything PIL raises for data it cannot decode (SyntaxError and struct.error come from
+# plugins parsing malformed headers).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error,
+                 Image.DecompressionBombError)
+_IGNORED_EXAMPLES = 5
+
+
+def check_data_root(root: Path, split: str) -> Path:
+    """root/split, or a DataError saying which folder is missing and what layout is expected."""
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist; pass --data pointing to a folder "
+                        "with train/ and val/ subfolders")
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataError(f"no {split}/ folder in {root}; expected {split_dir}/<class>/<images>")
+    return split_dir
+
+
+def class_folders(split_dir: Path) -> list[str]:
+    """Sorted names of the class sub-folders (hidden ones skipped)."""
+    names = sorted(entry.name for entry in os.scandir(split_dir)
+                   if entry.is_dir() and not entry.name.startswith("."))
+    if not names:
+        raise DataError(f"no class folders in {split_dir}; expected {split_dir}/<class>/<images>")
+    return names
+
+
+def class_files(class_dir: Path) -> tuple[list[str], list[str]]:
+    """Image files (relative to the split folder, sorted, sub-folders included) and the paths
+    of files ignored for their extension."""
+    images: list[str] = []
+    ignored: list[str] = []
+    for folder, subdirs, files in os.walk(class_dir):
+        subdirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
+                images.append(os.path.relpath(path, class_dir.parent))
+            else:
+                ignored.append(path)
+    return images, ignored
+
+
+def scan_split(split_dir: Path, class_names: list[str] | None
+               ) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """(relative paths as bytes, labels, class names, ignored paths) of one split, sorted.
+
+    Paths are kept in one numpy bytes array rather than a list of str so that forked DataLoader
+    workers share them instead of copying pages touched by reference counting.
+    """
+    folders = class_folders(split_dir)
+    classes = list(folders) if class_names is None else list(class_names)
+    label_of = {name: label for label, name in enumerate(classes)}
+    for name in folders:
+        if name not in label_of:
+            raise DataError(f"class {name!r} in {split_dir} is not among the training classes; "
+                            "remove it or add it to train/")
+    paths: list[str] = []
+    labels: list[int] = []
+    ignored: list[str] = []
+    for name in folders:
+        images, skipped = class_files(split_dir / name)
+        ignored.extend(skipped)
+        if not images:
+            raise DataError(f"class folder {split_dir / name} has no images; add images or "
+                            "remove the folder")
+        paths.extend(images)
+        labels.extend([label_of[name]] * len(images))
+    encoded = np.array([os.fsencode(path) for path in paths], dtype=np.bytes_)
+    return encoded, np.array(labels, dtype=np.int64), classes, ignored
+
+
+def strided_subset(total: int, subset: int) -> np.ndarray:
+    """``subset`` indices spread evenly over a class-sorted list, so every class keeps examples."""
+    if not 1 <= subset <= total:
+        raise ConfigError(f"train subset {subset} is outside 1..{total}; pick a smaller subset")
+    return (np.arange(subset, dtype=np.int64) * total) // subset
+
+
+class ImageFolderData(Dataset):
+    """Map-style image folder keyed by (index, epoch); ``__getitems__`` returns a Batch.
+
+    Args:
+        root: folder with train/ and val/ sub-folders of class folders.
+        split: "train" or "val".
+        train: augment (Inception crop + flip) if True, else resize + center crop.
+        seed: run seed for augmentation.
+        image_size: output side (default 224).
+        resize_size: evaluation resize of the shorter side before the center crop (default 256).
+        on_broken: "skip" (leave unreadable files out of the batch, list them in Batch.skipped)
+            or "error" (raise DataError naming the file) (default "skip").
+        class_names: class list to label with (val uses train's); default: the folder names.
+        fast_decode: decode JPEGs at reduced scale when that loses no output resolution.
+        subset: keep only this many examples, spread evenly over the classes (default all).
+    """
+
+    in_channels = 3
+
+    def __init__(self, root: str | os.PathLike, split: str = "train", train: bool = True,
+                 seed: int = 0, image_size: int = 224, resize_size: int = 256,
+                 on_broken: str = "skip", class_names: list[str] | None = None,
+                 fast_decode: bool = True, subset: int | None = None) -> None:
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if on_broken not in ON_BROKEN:
+            raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got "
+                              f"{on_broken!r}")
+        if not 0 < image_size <= resize_size:
+            raise ConfigError(f"image size {image_size} must be positive and at most the resize "
+                              f"size {resize_size}")
+        self.root = Path(root)
+        self.split_dir = check_data_root(self.root, split)
+        files, labels, classes, ignored = scan_split(self.split_dir, class_names)
+        if ignored:
+            log.warning("ignored %d files without an image extension under %s, e.g. %s",
+                        len(ignored), self.split_dir, ", ".join(ignored[:_IGNORED_EXAMPLES]))
+        if subset is not None:
+            chosen = strided_subset(len(files), subset)
+            files, labels = files[chosen], labels[chosen]
+        self.files = files
+        self.labels = labels
+        self.classes = classes
+        self.num_classes = len(classes)
+        self.ignored_count = len(ignored)
+        self.train = train
+        self.seed = seed
+        self.image_size = image_size
+        self.resize_size = resize_size
+        self.on_broken = on_broken
+        self.fast_decode = fast_decode
+        self._warned: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def path(self, index: int) -> Path:
+        return self.split_dir / os.fsdecode(self.files[index])
+
+    def crop_plan(self, index: int, epoch: int) -> tuple[Callable[[int, int], Box], bool]:
+        """(box for a width x height image, flip) for one example: a function of
+        (seed, epoch, index) in training, the fixed center crop in evaluation."""
+        if not self.train:
+            return (lambda w, h: center_crop_box(w, h, self.image_size, self.resize_size)), False
+        generator = example_generator(self.seed, epoch, index)
+        draws = torch.rand(CROP_ATTEMPTS * UNIFORMS_PER_ATTEMPT + 1, generator=generator,
+                           dtype=torch.float64).numpy()
+        attempts = draws[:-1].reshape(CROP_ATTEMPTS, UNIFORMS_PER_ATTEMPT)
+        return (lambda w, h: random_resized_crop_box(w, h, attempts)), bool(draws[-1] < 0.5)
+
+    def load_pixels(self, index: int, epoch: int) -> np.ndarray:
+        """One example as an image_size x image_size x 3 uint8 array (raises DECODE_ERRORS)."""
+        box_for_size, flip = self.crop_plan(index, epoch)
+        crop = decode_crop(self.path(index), box_for_size, self.image_size, self.fast_decode)
+        pixels = np.asarray(crop)
+        return pixels[:, ::-1] if flip else pixels
+
+    def _broken(self, index: int, error: Exception) -> str:
+        path = str(self.path(index))
+        reason = f"{type(error).__name__}: {error}"
+        if self.on_broken == "error":
+            raise DataError(f"cannot read image {path}: {reason}; replace or delete the file, "
+                            "or use on_broken=skip to skip broken images") from error
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("skipping unreadable image %s: %s", path, reason)
+        return path
+
+    def __getitems__(self, keys: list) -> Batch:
+        pixels: list[np.ndarray] = []
+        labels: list[int] = []
+        skipped: list[str] = []
+        for index, epoch in keys_array(keys).tolist():
+            try:
+                pixels.append(self.load_pixels(index, epoch))
+            except DECODE_ERRORS as error:
+                skipped.append(self._broken(index, error))
+                continue
+            labels.append(int(self.labels[index]))
+        images = normalized_batch(pixels, IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)
+        return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+        """One (image 3xSxS, label) pair; a bare index means epoch 0. A broken file raises
+        DataError whatever on_broken says, since there is nothing to return."""
+        index, epoch = normalize_key(key)
+        try:
+            pixels = self.load_pixels(index, epoch)
+        except DECODE_ERRORS as error:
+            raise DataError(f"cannot read image {self.path(index)}: {type(error).__name__}: "
+                            f"{error}") from error
+        image = normalized_batch([pixels], IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)[0]
+        return image, int(self.labels[index])
+

@@ -1,0 +1,150 @@
+"""Shared image pieces: normalisation, crop-box sampling, PIL decoding to RGB crops.
+
+Crop parameters are computed from uniforms the caller draws from (seed, epoch, index), never from
+a global RNG (torchvision's RandomResizedCrop draws from torch's global generator, which makes
+augmentation depend on the worker and on what it drew before).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Inception-style crop (Szegedy et al. 2015), the standard ImageNet training augmentation.
+CROP_SCALE = (0.08, 1.0)
+CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+CROP_ATTEMPTS = 10
+UNIFORMS_PER_ATTEMPT = 4  # area fraction, log aspect ratio, top, left
+
+# JPEG DCT scaling factors libjpeg can decode at (PIL's draft mode).
+_DRAFT_FACTORS = (8, 4, 2, 1)
+
+
+@dataclass(frozen=True)
+class Box:
+    """A crop rectangle in pixel coordinates of the full-size image (floats allowed)."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+
+    def scaled(self, factor: float) -> Box:
+        return Box(self.left * factor, self.top * factor, self.width * factor,
+                   self.height * factor)
+
+    def as_pil(self) -> tuple[float, float, float, float]:
+        return (self.left, self.top, self.left + self.width, self.top + self.height)
+
+
+def random_resized_crop_box(width: int, height: int, uniforms: np.ndarray,
+                            scale: tuple[float, float] = CROP_SCALE,
+                            ratio: tuple[float, float] = CROP_RATIO) -> Box:
+    """The Inception crop of a width x height image, from uniforms of shape (attempts, 4).
+
+    Each attempt draws an area fraction in ``scale`` and a log-uniform aspect ratio in ``ratio``;
+    the first crop that fits is placed uniformly. If none fits, the whole image is cropped
+    centrally to the nearest allowed aspect ratio (the same rule as torchvision's).
+    """
+    area = width * height
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    for u_area, u_ratio, u_top, u_left in np.asarray(uniforms, dtype=np.float64):
+        target_area = area * (scale[0] + (scale[1] - scale[0]) * u_area)
+        aspect = math.exp(log_low + (log_high - log_low) * u_ratio)
+        crop_w = round(math.sqrt(target_area * aspect))
+        crop_h = round(math.sqrt(target_area / aspect))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            top = min(int(u_top * (height - crop_h + 1)), height - crop_h)
+            left = min(int(u_left * (width - crop_w + 1)), width - crop_w)
+            return Box(left, top, crop_w, crop_h)
+    return _central_crop_box(width, height, ratio)
+
+
+def _central_crop_box(width: int, height: int, ratio: tuple[float, float]) -> Box:
+    aspect = width / height
+    if aspect < ratio[0]:
+        crop_w, crop_h = width, round(width / ratio[0])
+    elif aspect > ratio[1]:
+        crop_w, crop_h = round(height * ratio[1]), height
+    else:
+        crop_w, crop_h = width, height
+    return Box((width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h)
+
+
+def center_crop_box(width: int, height: int, image_size: int, resize_size: int) -> Box:
+    """The region that "resize the shorter side to resize_size, then center-crop image_size"
+    takes from the full-size image, so both steps become one resampling of that box."""
+    side = image_size * min(width, height) / resize_size
+    return Box((width - side) / 2, (height - side) / 2, side, side)
+
+
+def draft_factor(box: Box, out_size: int) -> int:
+    """The largest JPEG reduction (8, 4, 2 or 1) after which ``box`` still covers
+    ``out_size`` pixels on both sides, so decoding smaller loses no output resolution."""
+    for factor in _DRAFT_FACTORS:
+        if box.width / factor >= out_size and box.height / factor >= out_size:
+            return factor
+    return 1
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode as 8-bit RGB: palette via RGBA (keeps transparency handling quiet), 16- and
+    32-bit grayscale scaled to 8 bits (PIL's own conversion would clip them), alpha dropped."""
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith("I;16") or image.mode == "I":
+        depth = 65535.0 if image.mode.startswith("I;16") else float(max(1, image.getextrema()[1]))
+        gray = np.asarray(image, dtype=np.float64) * (255.0 / depth)
+        image = Image.fromarray(np.clip(np.rint(gray), 0, 255).astype(np.uint8), "L")
+    elif image.mode in ("P", "PA"):
+        image = image.convert("RGBA")
+    return image.convert("RGB")
+
+
+def decode_crop(source: str | BinaryIO, box_for_size, out_size: int,
+                fast_decode: bool) -> Image.Image:
+    """Decode an image fully and resample the region ``box_for_size(width, height)`` to an
+    out_size x out_size RGB image.
+
+    With ``fast_decode``, JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg DCT scaling via
+    PIL's draft mode) when the box still covers out_size pixels after the reduction; the box is
+    rescaled to the reduced image. ``Image.load()`` forces the full decode so that truncated
+    files raise here instead of silently yielding gray rows (PIL's LOAD_TRUNCATED_IMAGES is
+    left False). Raises OSError/ValueError/Image.DecompressionBombError for unreadable data.
+    """
+    with Image.open(source) as image:
+        width, height = image.size
+        box: Box = box_for_size(width, height)
+        if fast_decode and image.format == "JPEG":
+            factor = draft_factor(box, out_size)
+            if factor > 1:
+                drafted = image.draft("RGB", (width // factor, height // factor))
+                if drafted is not None:
+                    box = box.scaled(drafted[1][2] / width)
+        image.load()
+        # Grayscale resamples per channel, so resizing before the RGB copy is exact and 3x cheaper.
+        if image.mode != "L":
+            image = to_rgb(image)
+        crop = image.resize((out_size, out_size), Image.Resampling.BILINEAR, box=box.as_pil())
+    return to_rgb(crop)
+
+
+def normalized_batch(pixels: Sequence[np.ndarray], mean: Sequence[float],
+                     std: Sequence[float], size: int, channels: int) -> torch.Tensor:
+    """Stack HxWxC uint8 arrays into a normalised float32 NxCxHxW tensor: (x/255 - mean)/std."""
+    out = torch.empty((len(pixels), channels, size, size), dtype=torch.float32)
+    if pixels:
+        stacked = torch.from_numpy(np.stack(pixels)).reshape(len(pixels), size, size, channels)
+        out.copy_(stacked.permute(0, 3, 1, 2))
+    scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, channels, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, channels, 1, 1)
+    return out.mul_(scale).add_(shift)
