@@ -213,7 +213,7 @@ def test_build_datasets_imagefolder(folder: FolderInfo) -> None:
 def test_loader_with_a_worker_gives_the_direct_batches(folder: FolderInfo) -> None:
     dataset = train_set(folder)
     plan = GlobalBatchPlan(len(dataset), global_batch=8, micro_batch=4, seed=3)
-    batches = TrainBatches(plan, epochs=2)
+    batches = TrainBatches(plan, 0, 0, epochs=2)
     loader = make_loader(dataset, batches, workers=1)
     assert len(loader) == 2 * 2 * 2
     loaded = list(loader)

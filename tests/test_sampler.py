@@ -37,9 +37,9 @@ def test_micro_batches_do_not_depend_on_world_size(world_size: int) -> None:
 
 
 def test_rank_streams_interleave_to_the_single_process_stream() -> None:
-    single = list(TrainBatches(GlobalBatchPlan(N, B, MICRO, seed=3), epochs=2))
+    single = list(TrainBatches(GlobalBatchPlan(N, B, MICRO, seed=3), 0, 0, epochs=2))
     world = 4
-    streams = [list(TrainBatches(GlobalBatchPlan(N, B, MICRO, world, rank, seed=3), epochs=2))
+    streams = [list(TrainBatches(GlobalBatchPlan(N, B, MICRO, world, rank, seed=3), 0, 0, epochs=2))
                for rank in range(world)]
     accumulation = B // (MICRO * world)
     rebuilt = []
@@ -88,23 +88,23 @@ def test_permutation_is_roughly_uniform() -> None:
 
 def test_resume_yields_exactly_the_suffix() -> None:
     plan = GlobalBatchPlan(N, B, MICRO, world_size=2, rank=1, seed=9)
-    full = list(TrainBatches(plan, epochs=3))
+    full = list(TrainBatches(plan, 0, 0, epochs=3))
     per_step = plan.accumulation_steps
-    assert len(full) == len(TrainBatches(plan, epochs=3)) == 3 * 15 * per_step
+    assert len(full) == len(TrainBatches(plan, 0, 0, epochs=3)) == 3 * 15 * per_step
     for epoch, step in [(0, 0), (0, 7), (1, 0), (2, 14)]:
-        resumed = TrainBatches(plan, epochs=3, start_epoch=epoch, start_step=step)
+        resumed = TrainBatches(plan, epoch, step, epochs=3)
         suffix = full[(epoch * plan.steps_per_epoch + step) * per_step:]
         assert list(resumed) == suffix
         assert len(resumed) == len(suffix)
     # A checkpoint written after an epoch's last step resumes at the next epoch.
-    end_of_epoch = TrainBatches(plan, epochs=3, start_epoch=0, start_step=15)
+    end_of_epoch = TrainBatches(plan, 0, 15, epochs=3)
     assert list(end_of_epoch) == full[15 * per_step:]
-    assert len(TrainBatches(plan, epochs=3, start_epoch=3)) == 0
+    assert len(TrainBatches(plan, 3, 0, epochs=3)) == 0
 
 
 def test_train_batches_keys_carry_epoch_and_micro_batch_size() -> None:
     plan = GlobalBatchPlan(N, B, MICRO, seed=0)
-    batches = list(TrainBatches(plan, epochs=2, start_epoch=1))
+    batches = list(TrainBatches(plan, 1, 0, epochs=2))
     assert all(len(keys) == MICRO for keys in batches)
     assert {epoch for keys in batches for _, epoch in keys} == {1}
     assert [index for index, _ in batches[0]] == plan.micro_batch_indices(1, 0, 0).tolist()
@@ -125,7 +125,7 @@ def test_plan_validation_messages() -> None:
     with pytest.raises(ValueError, match="step 10 is outside"):
         plan.step_indices(0, 10)
     with pytest.raises(ValueError, match="start step 11"):
-        TrainBatches(plan, epochs=1, start_step=11)
+        TrainBatches(plan, 0, 11, epochs=1)
 
 
 @pytest.mark.parametrize("size,world_size", [(10, 3), (7, 4), (3, 4), (1000, 7), (0, 2)])

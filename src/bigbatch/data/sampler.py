@@ -136,10 +136,16 @@ class TrainBatches:
     ``epochs - 1``, so a single DataLoader (with persistent workers) serves the whole run, and a
     run resumed at (epoch, step) sees exactly the micro-batches the interrupted run had left.
     Pass it as a DataLoader's ``batch_sampler``.
+
+    Args:
+        plan: the run's GlobalBatchPlan for this rank.
+        start_epoch, start_step: the first global step to yield (0, 0 for a fresh run);
+            ``start_step == plan.steps_per_epoch`` means the start of the next epoch.
+        epochs: total epochs of the run; iteration stops after epoch ``epochs - 1``.
     """
 
-    def __init__(self, plan: GlobalBatchPlan, epochs: int, start_epoch: int = 0,
-                 start_step: int = 0) -> None:
+    def __init__(self, plan: GlobalBatchPlan, start_epoch: int, start_step: int,
+                 epochs: int) -> None:
         if epochs < 0:
             raise ConfigError(f"epochs must be at least 0, got {epochs}")
         if not 0 <= start_step <= plan.steps_per_epoch:
