@@ -1,0 +1,80 @@
+"""Helpers for tests that run bigbatch as real processes (one process, torchrun, two agents)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+# A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64.
+TINY = [
+    "--dataset", "fashion-mnist", "--train-subset", "1024", "--batch-size", "256",
+    "--micro-batch", "64", "--epochs", "2", "--lr", "2.0", "--warmup-epochs", "0.5",
+    "--model", "small_resnet", "--set", "model.options.width=8", "--set", "eval_every=100",
+]
+
+
+def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.pop("BIGBATCH_FAULT", None)
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_prefix(nproc: int, max_restarts: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "-m", "bigbatch"]
+
+
+def run_bigbatch(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
+                 max_restarts: int = 0, timeout: float = 300, check: bool = True):
+    """Run `bigbatch ...` as one process or under torchrun; return the CompletedProcess."""
+    if nproc == 1 and max_restarts == 0:
+        command = [sys.executable, "-m", "bigbatch", *args]
+    else:
+        command = [*torchrun_prefix(nproc, max_restarts), *args]
+    result = subprocess.run(command, env=process_env(env), capture_output=True, text=True,
+                            timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+    return result
+
+
+def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "final.pt", map_location="cpu", weights_only=False)["model"]
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r.get("kind") == "train"]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |a - b| / (|b| + 1e-12), over every floating-point tensor of two state_dicts."""
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for key, tensor in a.items():
+        if not tensor.is_floating_point():
+            assert torch.equal(tensor, b[key]), key
+            continue
+        scale = b[key].abs().max().item() + 1e-12
+        worst = max(worst, (tensor - b[key]).abs().max().item() / scale)
+    return worst

@@ -1,0 +1,82 @@
+"""Data parallel on real gloo processes: the same global batch gives the same run at any scale."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import (
+    FASHION_MNIST, TINY, free_port, final_state, max_relative_difference, process_env,
+    run_bigbatch, summary, train_losses,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist"),
+]
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+    """1 process x 4 accumulation steps: the reference for every other layout."""
+    out = tmp_path_factory.mktemp("w1") / "run"
+    run_bigbatch(["train", *TINY, "--out", str(out)])
+    return out
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_world_size_invariance(single_process_run, tmp_path, nproc):
+    """2 processes x 2 accumulation steps and 4 x 1 match 1 x 4: losses and every tensor."""
+    out = tmp_path / "run"
+    run_bigbatch(["train", *TINY, "--out", str(out)], nproc=nproc)
+    reference = summary(single_process_run)
+    assert summary(out)["world_size"] == nproc
+    assert summary(out)["accumulation_steps"] == 4 // nproc
+    assert reference["accumulation_steps"] == 4
+    losses, reference_losses = train_losses(out), train_losses(single_process_run)
+    assert len(losses) == len(reference_losses) == 8
+    for ours, theirs in zip(losses, reference_losses, strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+    # parameters *and* BatchNorm running statistics
+    assert max_relative_difference(final_state(out), final_state(single_process_run)) < 1e-5
+    assert summary(out)["top1"] == pytest.approx(reference["top1"], abs=0.02)
+
+
+def test_two_torchrun_agents_match_one_process(single_process_run, tmp_path):
+    """--nnodes 2 with c10d rendezvous on 127.0.0.1: two 'nodes' of one process each."""
+    out = tmp_path / "run"
+    port = free_port()
+    agents = []
+    for node_rank in (0, 1):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                   f"--node-rank={node_rank}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                   f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bigbatch-test",
+                   "-m", "bigbatch", "train", *TINY, "--out", str(out)]
+        agents.append(subprocess.Popen(command, env=process_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True))
+    for agent in agents:
+        _, stderr = agent.communicate(timeout=300)
+        assert agent.returncode == 0, stderr[-3000:]
+    assert summary(out)["world_size"] == 2
+    assert max_relative_difference(final_state(out), final_state(single_process_run)) < 1e-5
+
+
+def test_distributed_eval_equals_single_process(single_process_run):
+    """3 ranks over the 10,000-image test set (not divisible by 3): every image counted once."""
+    script = Path(__file__).parent / "scripts" / "distributed_eval.py"
+    results = {}
+    for nproc in (1, 3):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={nproc}", str(script),
+                   str(single_process_run / "final.pt"), "500"]
+        done = subprocess.run(command, env=process_env(), capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results[nproc] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results[3]["examples"] == results[1]["examples"] == 10000
+    assert results[3]["top1"] == pytest.approx(results[1]["top1"], abs=1e-9)
+    assert results[3]["top5"] == pytest.approx(results[1]["top5"], abs=1e-9)
+    assert results[3]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
+    assert results[1]["top1"] == pytest.approx(summary(single_process_run)["top1"], abs=1e-6)
