@@ -20,6 +20,7 @@ import logging
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,8 +215,12 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock, cfg: RunConfi
     if not ctx.distributed:
         return model
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    network = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False,
-                                      gradient_as_bucket_view=True)
+    with warnings.catch_warnings():
+        # Newer PyTorch suggests forward_sync_buffers, which still syncs buffers at start-up;
+        # rank-local BN buffers are what we want, so broadcast_buffers=False stays.
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        network = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False,
+                                          gradient_as_bucket_view=True)
     network.register_comm_hook(clock, timed_allreduce_hook)
     return network
 

@@ -6,8 +6,7 @@ of the backward pass (the paper's per-layer overlap), so only this tail costs wa
 A DDP communication hook records when each bucket's all-reduce is launched.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP checks the hook's GradBucket annotation at runtime.
 import time
 from dataclasses import dataclass, field
 
@@ -23,7 +22,9 @@ class CommClock:
     buckets: int = 0
 
 
-def timed_allreduce_hook(clock: CommClock, bucket: dist.GradBucket) -> torch.futures.Future:
+def timed_allreduce_hook(
+    clock: CommClock, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """Average a gradient bucket over ranks (DDP's default behaviour), noting the launch time."""
     clock.last_launch = time.perf_counter()
     clock.buckets += 1
