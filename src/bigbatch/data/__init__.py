@@ -15,26 +15,28 @@ from bigbatch.data.batch import Batch
 from bigbatch.data.fashion_mnist import FashionMNIST, locate_fashion_mnist
 from bigbatch.data.imagefolder import ImageFolderData
 from bigbatch.data.loader import default_workers, make_loader
+from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
 from bigbatch.data.synthetic import SyntheticImages
-from bigbatch.errors import ConfigError
+from bigbatch.data.transforms import eval_resize_size
+from bigbatch.errors import ConfigError, DataError
 
-DATASETS = ("fashion-mnist", "imagefolder", "synthetic")
+DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic")
 ON_BROKEN = ("skip", "error")
 DEFAULT_IMAGE_SIZE = 224
-# The usual ImageNet evaluation resize: shorter side 256 for a 224 crop (ratio 0.875).
-EVAL_CROP_FRACTION = 224 / 256
 
 
 def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | None = None,
                    train_subset: int | None = None, on_broken: str = "skip",
                    synthetic_examples: int = 10000, synthetic_classes: int = 1000,
-                   in_channels: int = 3, fast_decode: bool = True) -> tuple[Dataset, Dataset]:
+                   in_channels: int = 3, fast_decode: bool = True,
+                   normalize: bool = True) -> tuple[Dataset, Dataset]:
     """(training set with augmentation, validation set without) for data set ``name``.
 
     Args:
-        name: one of "fashion-mnist", "imagefolder", "synthetic".
-        path: data folder (required for imagefolder; optional for fashion-mnist, see
+        name: one of "fashion-mnist", "imagefolder", "packed", "synthetic".
+        path: data folder (required for imagefolder and packed, the latter written by
+            bigbatch.data.pack.pack_imagefolder; optional for fashion-mnist, see
             locate_fashion_mnist; ignored for synthetic).
         seed: run seed for augmentation.
         image_size: output side; default 224 (imagefolder, synthetic); Fashion-MNIST is 28.
@@ -42,14 +44,19 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
         on_broken: "skip" or "error" for unreadable images (imagefolder).
         synthetic_examples / synthetic_classes / in_channels: shape of the synthetic set; its
             validation set has a tenth as many examples.
-        fast_decode: JPEG draft-mode decoding (imagefolder).
+        fast_decode: JPEG draft-mode decoding (imagefolder, packed).
+        normalize: False makes imagefolder and packed return uint8 images, to be normalised
+            on the device with bigbatch.data.transforms.normalize_images (faster loading).
     """
     if on_broken not in ON_BROKEN:
         raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
     if name == "fashion-mnist":
         return _fashion_mnist(path, seed, image_size, train_subset)
     if name == "imagefolder":
-        return _imagefolder(path, seed, image_size, train_subset, on_broken, fast_decode)
+        return _imagefolder(path, seed, image_size, train_subset, on_broken, fast_decode,
+                            normalize)
+    if name == "packed":
+        return _packed(path, seed, image_size, train_subset, on_broken, fast_decode, normalize)
     if name == "synthetic":
         return _synthetic(seed, image_size, train_subset, synthetic_examples, synthetic_classes,
                           in_channels)
@@ -67,16 +74,32 @@ def _fashion_mnist(path: str | None, seed: int, image_size: int | None,
 
 
 def _imagefolder(path: str | None, seed: int, image_size: int | None, train_subset: int | None,
-                 on_broken: str, fast_decode: bool) -> tuple[Dataset, Dataset]:
+                 on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the imagefolder data set needs a folder; pass --data DIR with "
                           "DIR/train/<class>/<images> and DIR/val/<class>/<images>")
     size = image_size or DEFAULT_IMAGE_SIZE
-    resize = round(size / EVAL_CROP_FRACTION)
+    resize = eval_resize_size(size)
     common = dict(seed=seed, image_size=size, resize_size=resize, on_broken=on_broken,
-                  fast_decode=fast_decode)
+                  fast_decode=fast_decode, normalize=normalize)
     train = ImageFolderData(Path(path), "train", train=True, subset=train_subset, **common)
     val = ImageFolderData(Path(path), "val", train=False, class_names=train.classes, **common)
+    return train, val
+
+
+def _packed(path: str | None, seed: int, image_size: int | None, train_subset: int | None,
+            on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
+    if path is None:
+        raise ConfigError("the packed data set needs a folder; pass --data DIR written by "
+                          "bigbatch.data.pack.pack_imagefolder")
+    size = image_size or DEFAULT_IMAGE_SIZE
+    common = dict(seed=seed, image_size=size, on_broken=on_broken, fast_decode=fast_decode,
+                  normalize=normalize)
+    train = PackedImages(Path(path), "train", train=True, subset=train_subset, **common)
+    val = PackedImages(Path(path), "val", train=False, **common)
+    if val.classes != train.classes:
+        raise DataError(f"{path}/val was packed with other classes than {path}/train; pack "
+                        "both splits together")
     return train, val
 
 
@@ -96,6 +119,7 @@ __all__ = [
     "FashionMNIST",
     "GlobalBatchPlan",
     "ImageFolderData",
+    "PackedImages",
     "SyntheticImages",
     "TrainBatches",
     "build_datasets",
@@ -104,4 +128,5 @@ __all__ = [
     "eval_shard",
     "locate_fashion_mnist",
     "make_loader",
+    "pack_imagefolder",
 ]

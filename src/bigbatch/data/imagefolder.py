@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
 from bigbatch.data.batch import Batch, keys_array, normalize_key
-from bigbatch.data.seeding import example_generator
 from bigbatch.data.transforms import (
-    CROP_ATTEMPTS,
+    DECODE_ERRORS,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    UNIFORMS_PER_ATTEMPT,
-    Box,
-    center_crop_box,
+    BoxForSize,
     decode_crop,
+    example_crop,
     normalized_batch,
-    random_resized_crop_box,
+    uint8_batch,
 )
 from bigbatch.errors import ConfigError, DataError
 
@@ -41,10 +35,6 @@ IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", "
                               ".webp"})
 SPLITS = ("train", "val")
 ON_BROKEN = ("skip", "error")
-# Everything PIL raises for data it cannot decode (SyntaxError and struct.error come from
-# plugins parsing malformed headers).
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error,
-                 Image.DecompressionBombError)
 _IGNORED_EXAMPLES = 5
 
 
@@ -135,6 +125,8 @@ class ImageFolderData(Dataset):
         class_names: class list to label with (val uses train's); default: the folder names.
         fast_decode: decode JPEGs at reduced scale when that loses no output resolution.
         subset: keep only this many examples, spread evenly over the classes (default all).
+        normalize: return normalised float32 images (default); False returns uint8 images to
+            be normalised on the device with transforms.normalize_images (cheaper loading).
     """
 
     in_channels = 3
@@ -142,7 +134,8 @@ class ImageFolderData(Dataset):
     def __init__(self, root: str | os.PathLike, split: str = "train", train: bool = True,
                  seed: int = 0, image_size: int = 224, resize_size: int = 256,
                  on_broken: str = "skip", class_names: list[str] | None = None,
-                 fast_decode: bool = True, subset: int | None = None) -> None:
+                 fast_decode: bool = True, subset: int | None = None,
+                 normalize: bool = True) -> None:
         if split not in SPLITS:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if on_broken not in ON_BROKEN:
@@ -171,6 +164,7 @@ class ImageFolderData(Dataset):
         self.resize_size = resize_size
         self.on_broken = on_broken
         self.fast_decode = fast_decode
+        self.normalize = normalize
         self._warned: set[str] = set()
 
     def __len__(self) -> int:
@@ -179,16 +173,10 @@ class ImageFolderData(Dataset):
     def path(self, index: int) -> Path:
         return self.split_dir / os.fsdecode(self.files[index])
 
-    def crop_plan(self, index: int, epoch: int) -> tuple[Callable[[int, int], Box], bool]:
-        """(box for a width x height image, flip) for one example: a function of
-        (seed, epoch, index) in training, the fixed center crop in evaluation."""
-        if not self.train:
-            return (lambda w, h: center_crop_box(w, h, self.image_size, self.resize_size)), False
-        generator = example_generator(self.seed, epoch, index)
-        draws = torch.rand(CROP_ATTEMPTS * UNIFORMS_PER_ATTEMPT + 1, generator=generator,
-                           dtype=torch.float64).numpy()
-        attempts = draws[:-1].reshape(CROP_ATTEMPTS, UNIFORMS_PER_ATTEMPT)
-        return (lambda w, h: random_resized_crop_box(w, h, attempts)), bool(draws[-1] < 0.5)
+    def crop_plan(self, index: int, epoch: int) -> tuple[BoxForSize, bool]:
+        """(box for a width x height image, flip) of one example; see example_crop."""
+        return example_crop(self.train, self.seed, epoch, index, self.image_size,
+                            self.resize_size)
 
     def load_pixels(self, index: int, epoch: int) -> np.ndarray:
         """One example as an image_size x image_size x 3 uint8 array (raises DECODE_ERRORS)."""
@@ -219,18 +207,17 @@ class ImageFolderData(Dataset):
                 skipped.append(self._broken(index, error))
                 continue
             labels.append(int(self.labels[index]))
-        images = normalized_batch(pixels, IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)
+        if self.normalize:
+            images = normalized_batch(pixels, IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)
+        else:
+            images = uint8_batch(pixels, self.image_size, 3)
         return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         """One (image 3xSxS, label) pair; a bare index means epoch 0. A broken file raises
         DataError whatever on_broken says, since there is nothing to return."""
-        index, epoch = normalize_key(key)
-        try:
-            pixels = self.load_pixels(index, epoch)
-        except DECODE_ERRORS as error:
-            raise DataError(f"cannot read image {self.path(index)}: {type(error).__name__}: "
-                            f"{error}") from error
-        image = normalized_batch([pixels], IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)[0]
-        return image, int(self.labels[index])
+        batch = self.__getitems__([normalize_key(key)])
+        if not len(batch):
+            raise DataError(f"cannot read image {batch.skipped[0]} (see the warning above)")
+        return batch.images[0], int(batch.labels[0])
 
