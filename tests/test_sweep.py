@@ -1,0 +1,284 @@
+"""Sweep: grid decisions, records, resume, and one tiny real sweep through the training engine."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bigbatch import sweep
+from bigbatch.errors import ConfigError
+from bigbatch.sweep import (
+    CSV_COLUMNS,
+    LRRule,
+    PointResult,
+    SweepSettings,
+    best_exponent,
+    initial_exponents,
+    markdown_table,
+    next_extension,
+    parse_int_list,
+)
+
+# Tiny and fast: synthetic 28x28 single-channel 10-class data, a width-2 CNN, one epoch.
+TINY_OVERRIDES = [
+    "data.name=synthetic", "data.image_size=28", "data.synthetic_examples=512",
+    "data.synthetic_classes=10", "model.name=small_cnn", "model.options.width=2",
+    "label_smoothing=0.0", "checkpoint.keep=1",
+]
+
+
+def parser_with_sweep() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigbatch")
+    sweep.add_sweep_command(parser.add_subparsers())
+    return parser
+
+
+def tiny_args(out: Path, *extra: str) -> list[str]:
+    args = ["sweep", "--batch-sizes", "128,256", "--optimizers", "sgd,lars", "--epochs", "1",
+            "--lrs-per-point", "3", "--max-extensions", "0", "--micro-batch", "128",
+            "--warmup-epochs", "0.5",
+            "--out", str(out)]
+    for assignment in TINY_OVERRIDES:
+        args += ["--set", assignment]
+    return args + list(extra)
+
+
+# ----------------------------------------------------------------------------- grid decisions
+
+
+def test_initial_grid_is_centred_with_the_requested_size():
+    assert initial_exponents(3) == [-1.0, 0.0, 1.0]
+    assert initial_exponents(2) == [-0.5, 0.5]
+    assert initial_exponents(1) == [0.0]
+    assert sweep.grid_lr(4.0, 2.0, -1) == 2.0 and sweep.grid_lr(4.0, 2.0, 1) == 8.0
+
+
+def test_best_exponent_ignores_diverged_runs_and_breaks_ties_to_the_smaller_lr():
+    assert best_exponent({-1: 80.0, 0: 85.0, 1: None}) == 0
+    assert best_exponent({-1: 80.0, 0: float("nan"), 1: 70.0}) == -1
+    assert best_exponent({-1: 85.0, 0: 85.0, 1: 60.0}) == -1
+    assert best_exponent({0: None, 1: None}) is None
+
+
+def test_extension_goes_up_when_the_best_is_the_largest_lr():
+    assert next_extension({-1: 70.0, 0: 75.0, 1: 80.0}, 0, 2) == 2
+
+
+def test_extension_goes_down_when_the_best_is_the_smallest_lr():
+    assert next_extension({-1: 80.0, 0: 75.0, 1: 10.0}, 0, 2) == -2
+
+
+def test_extension_goes_down_when_every_lr_diverged():
+    assert next_extension({-1: None, 0: None, 1: None}, 0, 2) == -2
+
+
+def test_no_extension_when_the_best_is_inside_or_the_budget_is_spent():
+    assert next_extension({-1: 70.0, 0: 85.0, 1: 80.0}, 0, 2) is None
+    assert next_extension({-1: 70.0, 0: 75.0, 1: 80.0}, 2, 2) is None
+    # after one extension upwards the new top (2) is inside once 3 beats it no more
+    assert next_extension({-1: 70.0, 0: 75.0, 1: 80.0, 2: 78.0}, 1, 2) is None
+
+
+def test_lr_rules_scale_linearly_for_sgd_and_by_sqrt_for_lars():
+    assert LRRule(0.1, 128, "linear").centre(16384) == pytest.approx(12.8)
+    assert LRRule(8.0, 4096, "sqrt").centre(16384) == pytest.approx(16.0)
+    assert LRRule(8.0, 4096, "sqrt").centre(1024) == pytest.approx(4.0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"), (" , ", "empty"), ("128,abc", "'abc' is not an integer"),
+    ("128,2.5", "'2.5' is not an integer"),
+])
+def test_bad_batch_lists_are_config_errors(text, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_int_list(text, "--batch-sizes")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"batch_sizes": ()}, "empty"),
+    ({"batch_sizes": (128, 0)}, "positive"),
+    ({"batch_sizes": (128, 128)}, "repeats"),
+    ({"optimizers": ("adam",)}, "unknown optimizer 'adam'"),
+    ({"lrs_per_point": 0}, "at least 1"),
+    ({"lr_grid_factor": 1.0}, "above 1"),
+    ({"epochs": 0}, "positive"),
+])
+def test_bad_settings_are_config_errors(change, words):
+    base = dict(batch_sizes=(128,), optimizers=("sgd",), epochs=1.0)
+    with pytest.raises(ConfigError, match=words):
+        SweepSettings(**{**base, **change}).check()
+
+
+def test_cli_rejects_a_non_number_in_the_batch_list(tmp_path):
+    args = parser_with_sweep().parse_args(
+        ["sweep", "--batch-sizes", "128,x", "--epochs", "1", "--out", str(tmp_path)])
+    with pytest.raises(ConfigError, match="'x' is not an integer"):
+        args.handler(args)
+
+
+def test_cli_rejects_a_batch_larger_than_the_data_before_training(tmp_path):
+    args = parser_with_sweep().parse_args(tiny_args(tmp_path / "s", "--train-subset", "200"))
+    with pytest.raises(ConfigError, match="smaller than the global batch"):
+        args.handler(args)
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- the loop, faked
+
+
+def fake_execute(peak: float):
+    """An execute_run stand-in: top-1 is a parabola in log2(LR) peaking at ``peak``."""
+    calls = []
+
+    def execute(cfg, run_dir, torchrun):
+        lr = sweep.peak_lr_of(cfg)
+        calls.append(lr)
+        if lr > 64 * peak:
+            summary = {"top1": None, "top5": None, "steps": 1, "wall_seconds": 0.1}
+            (run_dir / sweep.DIVERGED_FILE).write_text(json.dumps(summary))
+            return {**summary, "diverged": True}
+        top1 = 90.0 - (math.log2(lr) - math.log2(peak)) ** 2
+        summary = {"top1": top1, "top5": 99.0, "steps": 4, "wall_seconds": 0.5}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    return execute, calls
+
+
+def fake_settings(**change) -> SweepSettings:
+    base = dict(batch_sizes=(256,), optimizers=("sgd",), epochs=1.0, lrs_per_point=3,
+                max_extensions=2, warmup_epochs=0.0, overrides=tuple(TINY_OVERRIDES),
+                rules={"sgd": LRRule(0.1, 128, "linear"), "lars": LRRule(8.0, 4096, "sqrt")})
+    return SweepSettings(**{**base, **change})
+
+
+def test_sweep_extends_the_grid_towards_a_better_edge_and_records_it(tmp_path, monkeypatch):
+    execute, calls = fake_execute(peak=1.6)  # centre 0.2 at B=256: best lies 3 factors up
+    monkeypatch.setattr(sweep, "execute_run", execute)
+    (point,) = sweep.run_sweep(fake_settings(), tmp_path)
+    assert calls == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
+    assert point.extensions == ["up", "up"]
+    assert point.best_lr == pytest.approx(1.6) and point.best_at_edge
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["best"][0]["extensions"] == ["up", "up"]
+    assert [r["extension"] for r in record["runs"]] == [False, False, False, True, True]
+
+
+def test_sweep_stops_extending_once_the_best_is_inside(tmp_path, monkeypatch):
+    execute, calls = fake_execute(peak=0.1)  # one factor below the smallest initial LR
+    monkeypatch.setattr(sweep, "execute_run", execute)
+    (point,) = sweep.run_sweep(fake_settings(), tmp_path)
+    assert calls == pytest.approx([0.1, 0.2, 0.4, 0.05])
+    assert point.extensions == ["down"] and not point.best_at_edge
+    assert point.best_lr == pytest.approx(0.1)
+
+
+def test_diverged_runs_are_rows_with_nan_accuracy(tmp_path, monkeypatch):
+    execute, _ = fake_execute(peak=0.001)
+    monkeypatch.setattr(sweep, "execute_run", execute)
+    sweep.run_sweep(fake_settings(max_extensions=0), tmp_path)
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [r["top1"] for r in rows] == ["nan", "nan", "nan"]
+    assert "diverged" in (tmp_path / "sweep.md").read_text()
+
+
+def test_markdown_table_shows_best_lr_marks_and_difference():
+    points = [
+        PointResult(8192, "sgd", 6.4, 3.2, 71.5, 98.0, [3.2, 6.4, 12.8], ["down"], False, 21),
+        PointResult(8192, "lars", 11.3, 22.6, 80.25, 99.0, [5.7, 11.3, 22.6], [], True, 21),
+    ]
+    table = markdown_table(points, ("sgd", "lars"))
+    row = next(line for line in table.splitlines() if line.startswith("| 8192"))
+    assert row == "| 8192 | 21 | 71.50 (3.2)+ | 80.25 (22.6)! | +8.75 |"
+    assert table.splitlines()[0] == ("| batch | steps | SGD top-1 % (peak LR) | "
+                                     "LARS top-1 % (peak LR) | LARS − SGD |")
+
+
+# ----------------------------------------------------------------------------- a real tiny sweep
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    args = parser_with_sweep().parse_args(tiny_args(out))
+    assert args.handler(args) == 0
+    return out
+
+
+def test_real_sweep_writes_one_row_per_run_with_the_exact_columns(tiny_sweep):
+    with (tiny_sweep / "sweep.csv").open() as file:
+        reader = csv.DictReader(file)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == CSV_COLUMNS
+    assert len(rows) == 2 * 2 * 3
+    assert {(int(r["batch"]), r["optimizer"]) for r in rows} == {
+        (128, "sgd"), (128, "lars"), (256, "sgd"), (256, "lars")}
+    # 512 examples: 4 steps of 128, 2 of 256 in one epoch
+    assert {int(r["batch"]): int(r["steps"]) for r in rows} == {128: 4, 256: 2}
+    def lrs(optimizer):
+        return sorted(float(r["lr"]) for r in rows
+                      if r["batch"] == "256" and r["optimizer"] == optimizer)
+
+    assert lrs("sgd") == pytest.approx([0.1, 0.2, 0.4])  # 0.1 * 256/128, grid factor 2
+    assert lrs("lars") == pytest.approx([1.0, 2.0, 4.0])  # 8 * sqrt(256/4096)
+    for row in rows:
+        assert 0.0 <= float(row["top1"]) <= 100.0 and float(row["wall_seconds"]) > 0
+
+
+def test_real_sweep_table_reports_the_best_lr_of_each_point(tiny_sweep):
+    record = json.loads((tiny_sweep / "sweep.json").read_text())
+    table = (tiny_sweep / "sweep.md").read_text()
+    assert len(record["best"]) == 4
+    for point in record["best"]:
+        runs = [r for r in record["runs"]
+                if (r["batch"], r["optimizer"]) == (point["batch"], point["optimizer"])]
+        assert point["best_top1"] == max(r["top1"] for r in runs)
+        assert f"{point['best_top1']:.2f} ({point['best_lr']:.3g})" in table
+    assert record["settings"]["epochs"] == 1.0 and record["settings"]["lrs_per_point"] == 3
+
+
+def test_real_sweep_resumes_without_rerunning_finished_runs(tiny_sweep, monkeypatch):
+    summaries = sorted(tiny_sweep.glob("runs/*/summary.json"))
+    assert len(summaries) == 12
+    before = {p: p.stat().st_mtime_ns for p in summaries}
+    rows_before = (tiny_sweep / "sweep.csv").read_text()
+
+    def must_not_train(*_):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(sweep, "execute_run", must_not_train)
+    args = parser_with_sweep().parse_args(tiny_args(tiny_sweep))
+    assert args.handler(args) == 0
+    assert {p: p.stat().st_mtime_ns for p in summaries} == before
+    assert (tiny_sweep / "sweep.csv").read_text() == rows_before  # same wall times, same rows
+
+
+def test_real_sweep_reruns_only_an_unfinished_run(tiny_sweep, monkeypatch):
+    victim = sorted(tiny_sweep.glob("runs/b00256-lars-*/summary.json"))[0]
+    victim.unlink()
+    trained = []
+    real_execute = sweep.execute_run
+
+    def counting(cfg, run_dir, torchrun):
+        trained.append(run_dir.name)
+        return real_execute(cfg, run_dir, torchrun)
+
+    monkeypatch.setattr(sweep, "execute_run", counting)
+    args = parser_with_sweep().parse_args(tiny_args(tiny_sweep))
+    assert args.handler(args) == 0
+    assert trained == [victim.parent.name]
+    assert victim.is_file()
+
+
+def test_real_sweep_refuses_other_settings_in_the_same_folder(tiny_sweep):
+    args = parser_with_sweep().parse_args(tiny_args(tiny_sweep, "--set", "seed=5"))
+    with pytest.raises(ConfigError, match="other settings"):
+        args.handler(args)
