@@ -72,7 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_command(commands)
     add_simple_command(commands, "recipes", "list the shipped recipes", run_recipes)
     add_simple_command(commands, "models", "list the registered models", run_models)
+    add_plugin_commands(commands)
     return parser
+
+
+def add_plugin_commands(commands) -> None:
+    """Subcommands whose modules own their options: sweep, plot, inspect, plan, bench, data."""
+    from bigbatch.allreduce_bench import add_bench_command
+    from bigbatch.inspect_ratios import add_inspect_command
+    from bigbatch.plan import add_plan_command
+    from bigbatch.plot import add_plot_command
+    from bigbatch.sweep import add_sweep_command
+
+    for add in (add_sweep_command, add_plot_command, add_inspect_command, add_plan_command,
+                add_bench_command):
+        add(commands)
 
 
 def add_simple_command(commands, name: str, help_text: str, handler: Callable) -> None:
