@@ -181,6 +181,29 @@ def test_sweep_stops_extending_once_the_best_is_inside(tmp_path, monkeypatch):
     assert point.best_lr == pytest.approx(0.1)
 
 
+def test_larger_batches_are_centred_on_the_smallest_batch_best_lr_scaled_by_the_rule(
+        tmp_path, monkeypatch):
+    execute, calls = fake_execute(peak=0.4)  # the best LR is 0.4 at every batch
+    monkeypatch.setattr(sweep, "execute_run", execute)
+    small, large = sweep.run_sweep(fake_settings(batch_sizes=(512, 128)), tmp_path)
+    # B=128 (run first, whatever the order given): 0.1 * 128/128 centre, extended up to 0.4
+    assert calls[:5] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8])
+    assert (small.batch, small.best_lr, small.extensions) == (128, pytest.approx(0.4), ["up", "up"])
+    # B=512: centre 0.4 * 512/128 = 1.6 (linear rule from the measured best), then down twice
+    # until the best (0.4) is inside the grid
+    assert calls[5:] == pytest.approx([0.8, 1.6, 3.2, 0.4, 0.2])
+    assert large.rule == {"lr": pytest.approx(0.4), "reference_batch": 128, "scaling": "linear"}
+    assert large.centre_lr == pytest.approx(1.6) and large.best_lr == pytest.approx(0.4)
+
+
+def test_no_anchor_centres_every_batch_on_the_given_rule(tmp_path, monkeypatch):
+    execute, calls = fake_execute(peak=0.4)
+    monkeypatch.setattr(sweep, "execute_run", execute)
+    sweep.run_sweep(fake_settings(batch_sizes=(128, 512), anchor=False, max_extensions=0),
+                    tmp_path)
+    assert calls == pytest.approx([0.05, 0.1, 0.2, 0.2, 0.4, 0.8])  # 0.1 * B/128 x 2^k
+
+
 def test_diverged_runs_are_rows_with_nan_accuracy(tmp_path, monkeypatch):
     execute, _ = fake_execute(peak=0.001)
     monkeypatch.setattr(sweep, "execute_run", execute)
@@ -223,12 +246,23 @@ def test_real_sweep_writes_one_row_per_run_with_the_exact_columns(tiny_sweep):
         (128, "sgd"), (128, "lars"), (256, "sgd"), (256, "lars")}
     # 512 examples: 4 steps of 128, 2 of 256 in one epoch
     assert {int(r["batch"]): int(r["steps"]) for r in rows} == {128: 4, 256: 2}
-    def lrs(optimizer):
+    def lrs(batch, optimizer):
         return sorted(float(r["lr"]) for r in rows
-                      if r["batch"] == "256" and r["optimizer"] == optimizer)
+                      if r["batch"] == str(batch) and r["optimizer"] == optimizer)
 
-    assert lrs("sgd") == pytest.approx([0.1, 0.2, 0.4])  # 0.1 * 256/128, grid factor 2
-    assert lrs("lars") == pytest.approx([1.0, 2.0, 4.0])  # 8 * sqrt(256/4096)
+    def best_lr(batch, optimizer):
+        return max((r for r in rows if r["batch"] == str(batch) and r["optimizer"] == optimizer),
+                   key=lambda r: (float(r["top1"]), -float(r["lr"])))["lr"]
+
+    assert lrs(128, "sgd") == pytest.approx([0.05, 0.1, 0.2])  # 0.1 at 128, grid factor 2
+    assert lrs(128, "lars") == pytest.approx([8 * (128 / 4096) ** 0.5 * k for k in (0.5, 1, 2)],
+                                             rel=1e-5)  # the sqrt rule from 8 at 4096
+    # B=256 is centred on B=128's best, scaled linearly for SGD and by sqrt(2) for LARS
+    sgd_centre = float(best_lr(128, "sgd")) * 2
+    lars_centre = float(best_lr(128, "lars")) * 2 ** 0.5
+    assert lrs(256, "sgd") == pytest.approx([sgd_centre / 2, sgd_centre, sgd_centre * 2], rel=1e-5)
+    assert lrs(256, "lars") == pytest.approx([lars_centre / 2, lars_centre, lars_centre * 2],
+                                             rel=1e-5)
     for row in rows:
         assert 0.0 <= float(row["top1"]) <= 100.0 and float(row["wall_seconds"]) > 0
 

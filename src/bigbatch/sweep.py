@@ -8,13 +8,20 @@ fixed epoch budget and reports the best top-1, as the paper's Table 3/4 do (PAPE
 
 Grid centres (the rule each optimizer is known by):
 
-* ``sgd``: the linear scaling rule of Goyal et al., peak LR = sgd_lr * B / sgd_reference_batch
+* ``sgd``: the linear scaling rule of Goyal et al., peak LR = lr0 * B / B0
   (config ``optim.lr_scaling: linear``), with the shared warmup.
-* ``lars``: square-root scaling, peak LR = lars_lr * sqrt(B / lars_reference_batch)
-  (``optim.lr_scaling: sqrt``). With the trust ratio normalising each layer's step, the LR the paper
-  found best grows far slower than B (AlexNet-BN: 2 at 512, 10 at 4K, 14 at 8K, 23 at 16K,
-  22 at 32K, i.e. x11 for x64 in batch); sqrt scaling (x8 for x64) is the simplest rule that
-  tracks that curve, and the grid plus automatic extension absorbs the rest.
+* ``lars``: square-root scaling, peak LR = lr0 * sqrt(B / B0) (``optim.lr_scaling: sqrt``).
+  With the trust ratio normalising each layer's step, the LR the paper found best grows far
+  slower than B (AlexNet-BN: 2 at 512, 10 at 4K, 14 at 8K, 23 at 16K, 22 at 32K, i.e. x11 for
+  x64 in batch); sqrt scaling (x8 for x64) is the simplest rule that tracks that curve, and the
+  grid plus automatic extension absorbs the rest.
+
+Anchoring (default): the smallest batch's grid is centred on the rule as given (``--sgd-lr`` at
+``--sgd-reference-batch``, likewise for LARS); every larger batch's grid is centred on the best
+LR measured at the smallest batch, scaled by the optimizer's rule (lr0 = that best LR, B0 = the
+smallest batch). That is how a scaling rule is used in practice (tune small, then scale), it
+needs no guess of the right LR for a recipe and epoch budget, and both optimizers get exactly
+the same procedure. ``--no-anchor`` centres every point on the rule as given.
 
 Fairness: both optimizers get the same number of LRs per point, the same grid spacing, epoch
 budget, warmup length, schedule (poly, power 2), micro-batch (= BatchNorm batch), model and seed.
@@ -90,6 +97,7 @@ class SweepSettings:
     overrides: tuple[str, ...] = ()
     rules: dict[str, LRRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
     torchrun: int | None = None
+    anchor: bool = True  # centre larger batches on the smallest batch's best LR, scaled by rule
 
     def check(self) -> SweepSettings:
         if not self.batch_sizes:
@@ -243,6 +251,7 @@ class PointResult:
     extensions: list[str]
     best_at_edge: bool
     steps: int | None
+    rule: dict[str, Any] | None = None  # the LR rule that centred the grid
 
 
 def run_name(batch: int, optimizer: str, lr: float) -> str:
@@ -358,14 +367,13 @@ def machine_record() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- running
 
 
-def run_overrides(settings: SweepSettings, batch: int, optimizer: str, base_lr: float,
-                  run_dir: Path) -> list[str]:
+def run_overrides(settings: SweepSettings, batch: int, optimizer: str, rule: LRRule,
+                  base_lr: float, run_dir: Path) -> list[str]:
     """The --set assignments that turn the recipe into one run of the sweep.
 
     ``base_lr`` is the LR at the rule's reference batch; the engine scales it to B with the
     rule's ``lr_scaling``, so each run's config.yaml states the rule it followed.
     """
-    rule = settings.rules[optimizer]
     assignments = list(settings.overrides) + [
         f"global_batch={batch}",
         f"micro_batch={min(settings.micro_batch, batch)}",
@@ -385,12 +393,24 @@ def run_overrides(settings: SweepSettings, batch: int, optimizer: str, base_lr: 
     return assignments
 
 
-def resolve_run(settings: SweepSettings, batch: int, optimizer: str, base_lr: float,
-                run_dir: Path):
+def resolve_run(settings: SweepSettings, batch: int, optimizer: str, rule: LRRule,
+                base_lr: float, run_dir: Path):
     from bigbatch.config import resolve_config
 
     return resolve_config(settings.recipe, settings.config_file,
-                          run_overrides(settings, batch, optimizer, base_lr, run_dir))
+                          run_overrides(settings, batch, optimizer, rule, base_lr, run_dir))
+
+
+def anchored_rule(rule: LRRule, point: PointResult) -> LRRule:
+    """The rule re-centred on the best LR measured at the smallest batch.
+
+    This is how the scaling rules are meant to be used (Goyal et al.: tune at the small batch,
+    then scale): every larger batch's grid is centred on best_lr(B0) * scale(B / B0), with the
+    optimizer's own scaling. If every LR of the anchor point diverged, the rule is kept.
+    """
+    if point.best_lr is None:
+        return rule
+    return LRRule(lr=point.best_lr, reference_batch=point.batch, scaling=rule.scaling)
 
 
 def peak_lr_of(cfg) -> float:
@@ -419,13 +439,29 @@ def check_same_plan(run_dir: Path, planned: dict[str, Any]) -> None:
     if not path.is_file():
         return
     recorded = json.loads(path.read_text())
-    keys = ("epochs", "global_batch", "micro_batch", "seed", "model", "optim", "schedule", "data")
-    changed = [k for k in keys if recorded.get(k) != planned.get(k)]
+    keys = ("epochs", "global_batch", "micro_batch", "seed", "model", "optim", "schedule", "data",
+            "peak_lr")
+    mine, theirs = plan_signature(planned), plan_signature(recorded)
+    changed = [k for k in keys if mine.get(k) != theirs.get(k)]
     if changed:
         raise ConfigError(
             f"{run_dir} holds a run made with other settings ({', '.join(changed)} differ); "
             "use a new --out folder or remove that run"
         )
+
+
+def plan_signature(config: dict[str, Any]) -> dict[str, Any]:
+    """What defines the training of a run: its config with the peak LR in place of the
+    (base LR, reference batch) pair it was derived from, which a re-centred grid spells
+    differently for the same run."""
+    from bigbatch.config import config_from_dict
+
+    signature = json.loads(json.dumps(config))
+    signature["peak_lr"] = round(peak_lr_of(config_from_dict(config)), 10)
+    for key in ("lr", "reference_batch"):
+        signature["optim"].pop(key, None)
+    signature.pop("out", None)
+    return signature
 
 
 def execute_run(cfg, run_dir: Path, torchrun: int | None) -> dict[str, Any]:
@@ -499,10 +535,15 @@ class Sweep:
     def run(self) -> list[PointResult]:
         self.out.mkdir(parents=True, exist_ok=True)
         self._check_configs()
-        for batch in self.settings.batch_sizes:
+        rules = dict(self.settings.rules)
+        smallest = min(self.settings.batch_sizes)
+        for batch in sorted(self.settings.batch_sizes):
             for optimizer in self.settings.optimizers:
-                self.points.append(self._run_point(batch, optimizer))
+                point = self._run_point(batch, optimizer, rules[optimizer])
+                self.points.append(point)
                 self.write_records()
+                if self.settings.anchor and batch == smallest:
+                    rules[optimizer] = anchored_rule(rules[optimizer], point)
         return self.points
 
     def _check_configs(self) -> None:
@@ -510,18 +551,18 @@ class Sweep:
         for batch in self.settings.batch_sizes:
             for optimizer in self.settings.optimizers:
                 rule = self.settings.rules[optimizer]
-                resolve_run(self.settings, batch, optimizer, rule.lr, self.out / "check")
+                resolve_run(self.settings, batch, optimizer, rule, rule.lr, self.out / "check")
 
-    def _run_point(self, batch: int, optimizer: str) -> PointResult:
-        rule = self.settings.rules[optimizer]
+    def _run_point(self, batch: int, optimizer: str, rule: LRRule) -> PointResult:
         factor = self.settings.lr_grid_factor
         runs: dict[float, RunResult] = {}
         extensions: list[str] = []
         pending = initial_exponents(self.settings.lrs_per_point)
         while pending:
             exponent = pending.pop(0)
-            runs[exponent] = self._run_one(batch, optimizer, grid_lr(rule.lr, factor, exponent),
-                                           exponent, extension=bool(extensions))
+            runs[exponent] = self._run_one(batch, optimizer, rule,
+                                           grid_lr(rule.lr, factor, exponent), exponent,
+                                           extension=bool(extensions))
             if pending:
                 continue
             grow = next_extension({e: r.top1 for e, r in runs.items()}, len(extensions),
@@ -531,12 +572,14 @@ class Sweep:
                 log.info("batch %d %s: best LR at the grid's edge, extending %s", batch,
                          optimizer, extensions[-1])
                 pending.append(grow)
-        point_runs = list(runs.values())
-        return point_summary(batch, optimizer, rule.centre(batch), point_runs, extensions)
+        point = point_summary(batch, optimizer, rule.centre(batch), list(runs.values()),
+                              extensions)
+        point.rule = asdict(rule)
+        return point
 
-    def _run_one(self, batch: int, optimizer: str, base_lr: float, exponent: float,
-                 extension: bool) -> RunResult:
-        cfg = resolve_run(self.settings, batch, optimizer, base_lr, self.out / "tmp")
+    def _run_one(self, batch: int, optimizer: str, rule: LRRule, base_lr: float,
+                 exponent: float, extension: bool) -> RunResult:
+        cfg = resolve_run(self.settings, batch, optimizer, rule, base_lr, self.out / "tmp")
         lr = peak_lr_of(cfg)
         run_dir = self.out / "runs" / run_name(batch, optimizer, lr)
         cfg.out = str(run_dir)
@@ -591,6 +634,9 @@ def add_sweep_command(commands) -> argparse.ArgumentParser:
     command.add_argument("--lr-grid-factor", type=float, default=2.0, help="ratio of neighbour LRs")
     command.add_argument("--max-extensions", type=int, default=2,
                          help="LRs added per point when the best is at the grid's edge")
+    command.add_argument("--no-anchor", dest="anchor", action="store_false",
+                         help="centre every batch on the rule as given instead of on the best "
+                              "LR of the smallest batch scaled by the rule")
     command.add_argument("--warmup-epochs", type=float, default=None,
                          help="warmup of every run, both optimizers (default: the recipe's)")
     command.add_argument("--micro-batch", type=int, default=128,
@@ -640,6 +686,7 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         overrides=tuple(overrides),
         rules=rules,
         torchrun=args.torchrun,
+        anchor=args.anchor,
     ).check()
 
 
