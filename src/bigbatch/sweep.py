@@ -439,10 +439,11 @@ def check_same_plan(run_dir: Path, planned: dict[str, Any]) -> None:
     if not path.is_file():
         return
     recorded = json.loads(path.read_text())
-    keys = ("epochs", "global_batch", "micro_batch", "seed", "model", "optim", "schedule", "data",
-            "peak_lr")
+    keys = ("epochs", "global_batch", "micro_batch", "seed", "model", "optim", "schedule", "data")
     mine, theirs = plan_signature(planned), plan_signature(recorded)
     changed = [k for k in keys if mine.get(k) != theirs.get(k)]
+    if not math.isclose(mine["peak_lr"], theirs["peak_lr"], rel_tol=1e-9):
+        changed.append("peak LR")
     if changed:
         raise ConfigError(
             f"{run_dir} holds a run made with other settings ({', '.join(changed)} differ); "
@@ -457,7 +458,7 @@ def plan_signature(config: dict[str, Any]) -> dict[str, Any]:
     from bigbatch.config import config_from_dict
 
     signature = json.loads(json.dumps(config))
-    signature["peak_lr"] = round(peak_lr_of(config_from_dict(config)), 10)
+    signature["peak_lr"] = peak_lr_of(config_from_dict(config))
     for key in ("lr", "reference_batch"):
         signature["optim"].pop(key, None)
     signature.pop("out", None)
