@@ -93,18 +93,25 @@ def plot_sweep(folder: Path, out: Path) -> Path:
         xs = [p["batch"] for p in points]
         ys = [_number(p.get("best_top1")) for p in points]
         ax.plot(xs, ys, color=color, marker=marker, label=label)
+        tried = [(r["batch"], _number(r.get("top1"))) for r in record.get("runs", [])
+                 if r.get("optimizer") == name and not math.isnan(_number(r.get("top1")))]
+        if tried:
+            # every LR of the grid, faint, so the reader sees how flat or sharp each optimum is
+            ax.scatter(*zip(*tried, strict=True), color=color, marker=marker, s=10, alpha=0.25)
         for x, y, point in zip(xs, ys, points, strict=True):
             if not math.isnan(y):
                 ax.annotate(f"{point['best_lr']:.3g}", (x, y), textcoords="offset points",
                             xytext=(0, 6), ha="center", fontsize=7, color=color)
     ax.set_xscale("log", base=2)
-    batches = sorted({p["batch"] for p in best})
+    batches = sorted({p["batch"] for p in best} | {r["batch"] for r in record.get("runs", [])})
     ax.set_xticks(batches)
     ax.set_xticklabels([_batch_label(b) for b in batches])
     ax.set_xlabel("global batch size")
-    ax.set_ylabel("best top-1 (%) over the LR grid")
+    ax.set_ylabel("top-1 (%): best LR (line), every LR tried (dots)")
     settings = record.get("settings", {})
-    ax.set_title(f"Batch-size scaling at a fixed budget of {settings.get('epochs', '?')} epochs "
+    epochs = settings.get("epochs")
+    budget = f"{epochs:g}" if isinstance(epochs, (int, float)) else "?"
+    ax.set_title(f"Batch-size scaling at a fixed budget of {budget} epochs "
                  "(labels: best peak LR)", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
