@@ -1,0 +1,95 @@
+"""`bigbatch` end to end as a user runs it: train, eval, recipes, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from imagegen import make_image_folder
+from launch import FASHION_MNIST, TINY, run_bigbatch, summary
+
+pytestmark = pytest.mark.slow
+
+
+def bigbatch(*args, check=False):
+    return subprocess.run([sys.executable, "-m", "bigbatch", *args], capture_output=True,
+                          text=True, timeout=300, check=check)
+
+
+def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
+    info = make_image_folder(tmp_path / "images", per_class=8, val_per_class=2)
+    out = tmp_path / "run"
+    run = run_bigbatch([
+        "train", "--dataset", "imagefolder", "--data", str(info.root), "--model", "resnet18",
+        "--batch-size", "8", "--micro-batch", "4", "--epochs", "2", "--lr", "1.0",
+        "--warmup-epochs", "0", "--set", "data.image_size=32", "--set", "data.workers=1",
+        "--out", str(out)])
+    result = summary(out)
+    assert result["steps"] == 2 * ((3 * 8 + 3) // 8)  # 27 files, 3 of them broken
+    assert result["skipped_images"] >= 1
+    for broken in info.train_broken:
+        if broken.name in run.stderr:
+            break
+    else:
+        pytest.fail("no broken file was named in the log")
+    assert "README.txt" not in run.stderr or "ignored" in run.stderr
+    assert 0.0 <= result["top1"] <= 100.0 and result["top5"] == 100.0  # 3 classes: top-5 is all
+    final = json.loads(run.stdout.strip().splitlines()[-1])
+    assert final["steps"] == result["steps"]
+
+
+def test_image_folder_error_mode_names_the_file(tmp_path):
+    info = make_image_folder(tmp_path / "images", per_class=8, val_per_class=2)
+    run = run_bigbatch([
+        "train", "--dataset", "imagefolder", "--data", str(info.root), "--model", "resnet18",
+        "--batch-size", "27", "--micro-batch", "27", "--epochs", "1", "--warmup-epochs", "0",
+        "--set", "data.image_size=32", "--set", "data.workers=0", "--set", "data.on_broken=error",
+        "--out", str(tmp_path / "run")], check=False)
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("bigbatch: error: cannot read image")
+    assert any(str(p) in last for p in info.train_broken)
+
+
+@pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
+def test_train_then_eval_gives_the_same_accuracy(tmp_path):
+    out = tmp_path / "run"
+    run_bigbatch(["train", *TINY, "--out", str(out)])
+    with open(out / "metrics.jsonl") as lines:
+        records = [json.loads(line) for line in lines]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    assert {"lr", "loss", "images_per_second", "trust_min", "trust_median", "trust_max",
+            "time_data", "time_compute", "time_comm_exposed", "time_optimizer"} <= train[0].keys()
+    assert train[0]["trust_min"] <= train[0]["trust_median"] <= train[0]["trust_max"]
+    assert (out / "config.yaml").exists()
+    evaluated = json.loads(bigbatch("eval", "--weights", str(out / "final.pt"),
+                                    check=True).stdout)
+    assert evaluated["top1"] == pytest.approx(summary(out)["top1"], abs=1e-9)
+    assert evaluated["examples"] == 10000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--recipe", "nope"], "unknown recipe 'nope'"),
+    (["train", "--model", "vgg99", "--train-subset", "4096"], "unknown model 'vgg99'"),
+    (["train", "--batch-size", "1000", "--micro-batch", "64"], "not a multiple of micro-batch 64"),
+    (["train", "--set", "optim.lr=-3"], "'optim.lr' must be a positive number"),
+    (["train", "--set", "bogus=1"], "unknown config key 'bogus'"),
+    (["train", "--dataset", "imagefolder", "--data", "/no/such/folder"], "/no/such/folder"),
+    (["train", "--data", "/no/such/fmnist"], "/no/such/fmnist"),
+    (["eval", "--weights", "/no/such/final.pt"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = bigbatch(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("bigbatch: error: ") and message in lines[-1]
+    assert "Traceback" not in result.stderr
+
+
+def test_recipes_lists_every_recipe_with_its_description():
+    lines = bigbatch("recipes", check=True).stdout.strip().splitlines()
+    names = [line.split()[0] for line in lines]
+    assert "fashion-mnist" in names and "imagenet-resnet50-32k" in names
+    assert all(len(line.split()) > 3 for line in lines)
