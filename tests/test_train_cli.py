@@ -93,3 +93,17 @@ def test_recipes_lists_every_recipe_with_its_description():
     names = [line.split()[0] for line in lines]
     assert "fashion-mnist" in names and "imagenet-resnet50-32k" in names
     assert all(len(line.split()) > 3 for line in lines)
+
+
+def test_data_pack_then_train_on_the_shards(tmp_path):
+    info = make_image_folder(tmp_path / "images", per_class=4, val_per_class=2, broken=True)
+    packed = json.loads(bigbatch("data", "pack", str(info.root), str(tmp_path / "packed"),
+                                 "--short-side", "64", "--workers", "1", check=True).stdout)
+    assert packed["images"] == {"train": 12, "val": 6}
+    assert len(packed["skipped"]["train"]) == len(info.train_broken)
+    out = tmp_path / "run"
+    run_bigbatch(["train", "--dataset", "packed", "--data", str(tmp_path / "packed"),
+                  "--model", "small_cnn", "--batch-size", "4", "--micro-batch", "2",
+                  "--epochs", "1", "--warmup-epochs", "0", "--set", "data.image_size=32",
+                  "--set", "data.workers=0", "--out", str(out)])
+    assert summary(out)["steps"] == 3 and summary(out)["skipped_images"] == 0
