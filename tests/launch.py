@@ -15,9 +15,26 @@ FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 # A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64.
 TINY = [
-    "--dataset", "fashion-mnist", "--train-subset", "1024", "--batch-size", "256",
-    "--micro-batch", "64", "--epochs", "2", "--lr", "2.0", "--warmup-epochs", "0.5",
-    "--model", "small_resnet", "--set", "model.options.width=8", "--set", "eval_every=100",
+    "--dataset",
+    "fashion-mnist",
+    "--train-subset",
+    "1024",
+    "--batch-size",
+    "256",
+    "--micro-batch",
+    "64",
+    "--epochs",
+    "2",
+    "--lr",
+    "2.0",
+    "--warmup-epochs",
+    "0.5",
+    "--model",
+    "small_resnet",
+    "--set",
+    "model.options.width=8",
+    "--set",
+    "eval_every=100",
 ]
 
 
@@ -36,21 +53,38 @@ def free_port() -> int:
 
 
 def torchrun_prefix(nproc: int, max_restarts: int = 0) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "-m", "bigbatch"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "bigbatch",
+    ]
 
 
-def run_bigbatch(args: list[str], nproc: int = 1, env: dict[str, str] | None = None,
-                 max_restarts: int = 0, timeout: float = 300, check: bool = True):
+def run_bigbatch(
+    args: list[str],
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    timeout: float = 300,
+    check: bool = True,
+):
     """Run `bigbatch ...` as one process or under torchrun; return the CompletedProcess."""
     if nproc == 1 and max_restarts == 0:
         command = [sys.executable, "-m", "bigbatch", *args]
     else:
         command = [*torchrun_prefix(nproc, max_restarts), *args]
-    result = subprocess.run(command, env=process_env(env), capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        command, env=process_env(env), capture_output=True, text=True, timeout=timeout
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}"
+        )
     return result
 
 

@@ -22,7 +22,8 @@ def test_update_is_the_mean_of_micro_batch_updates():
     model = nn.BatchNorm2d(3, momentum=0.1)
     run_step(model, list(data.chunk(4)))
     expected_mean = 0.9 * torch.zeros(3) + 0.1 * torch.stack(
-        [c.mean(dim=(0, 2, 3)) for c in data.chunk(4)]).mean(0)
+        [c.mean(dim=(0, 2, 3)) for c in data.chunk(4)]
+    ).mean(0)
     torch.testing.assert_close(model.running_mean, expected_mean)
     assert model.num_batches_tracked.item() == 1
 

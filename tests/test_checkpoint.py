@@ -63,7 +63,9 @@ def test_temporaries_are_not_checkpoints_and_get_cleaned(tmp_path):
     checkpoint.save(tmp_path, 1, state(1), keep=3)
     stray = tmp_path / f".{checkpoint.checkpoint_name(2)}.tmp-123"
     stray.write_bytes(b"half")
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [checkpoint.checkpoint_name(1)]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        checkpoint.checkpoint_name(1)
+    ]
     checkpoint.clean_temporaries(tmp_path)
     assert not stray.exists()
 

@@ -35,7 +35,11 @@ def test_paper_recipes_carry_the_paper_hyper_parameters(name):
     model, optimizer, batch, lr = PAPER_RECIPES[name]
     cfg = resolve_config(recipe=name, overrides=["data.path=/x"])
     assert (cfg.model.name, cfg.optim.name, cfg.global_batch, cfg.optim.lr) == (
-        model, optimizer, batch, lr)
+        model,
+        optimizer,
+        batch,
+        lr,
+    )
     assert cfg.optim.momentum == 0.9
     if optimizer == "lars":
         assert cfg.optim.trust_coefficient == 0.001 and cfg.schedule.power == 2
@@ -48,8 +52,14 @@ def test_default_recipe_is_large_batch_lars():
 
 
 def test_overrides_reach_nested_fields_with_types():
-    cfg = resolve_config(overrides=["optim.trust_coefficient=0.002", "epochs=3",
-                                    "model.options.width=16", "schedule.milestones=[1, 2]"])
+    cfg = resolve_config(
+        overrides=[
+            "optim.trust_coefficient=0.002",
+            "epochs=3",
+            "model.options.width=16",
+            "schedule.milestones=[1, 2]",
+        ]
+    )
     assert cfg.optim.trust_coefficient == 0.002
     assert cfg.epochs == 3.0
     assert cfg.model.options == {"width": 16}

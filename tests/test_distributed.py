@@ -6,10 +6,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launch import (
-    FASHION_MNIST, TINY, free_port, final_state, max_relative_difference, process_env,
-    run_bigbatch, summary, train_losses,
+    FASHION_MNIST,
+    TINY,
+    final_state,
+    free_port,
+    max_relative_difference,
+    process_env,
+    run_bigbatch,
+    summary,
+    train_losses,
 )
 
 pytestmark = [
@@ -50,12 +56,32 @@ def test_two_torchrun_agents_match_one_process(single_process_run, tmp_path):
     port = free_port()
     agents = []
     for node_rank in (0, 1):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                   f"--node-rank={node_rank}", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                   f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bigbatch-test",
-                   "-m", "bigbatch", "train", *TINY, "--out", str(out)]
-        agents.append(subprocess.Popen(command, env=process_env(), stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node-rank={node_rank}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=bigbatch-test",
+            "-m",
+            "bigbatch",
+            "train",
+            *TINY,
+            "--out",
+            str(out),
+        ]
+        agents.append(
+            subprocess.Popen(
+                command,
+                env=process_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for agent in agents:
         _, stderr = agent.communicate(timeout=300)
         assert agent.returncode == 0, stderr[-3000:]
@@ -68,11 +94,19 @@ def test_distributed_eval_equals_single_process(single_process_run):
     script = Path(__file__).parent / "scripts" / "distributed_eval.py"
     results = {}
     for nproc in (1, 3):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={nproc}", str(script),
-                   str(single_process_run / "final.pt"), "500"]
-        done = subprocess.run(command, env=process_env(), capture_output=True, text=True,
-                              timeout=300, check=False)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(script),
+            str(single_process_run / "final.pt"),
+            "500",
+        ]
+        done = subprocess.run(
+            command, env=process_env(), capture_output=True, text=True, timeout=300, check=False
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         results[nproc] = json.loads(done.stdout.strip().splitlines()[-1])
     assert results[3]["examples"] == results[1]["examples"] == 10000

@@ -3,20 +3,40 @@
 import pytest
 
 from bigbatch.distributed import first_slurm_host, launch_env
-from bigbatch.faults import Fault, fault_from_env
 from bigbatch.errors import ConfigError
+from bigbatch.faults import Fault, fault_from_env
 
 
 def test_torchrun_variables():
-    env = launch_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
-                      "MASTER_ADDR": "node7", "MASTER_PORT": "1234"})
-    assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port,
-            env.launcher) == (3, 8, 1, "node7", 1234, "torchrun")
+    env = launch_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "1",
+            "MASTER_ADDR": "node7",
+            "MASTER_PORT": "1234",
+        }
+    )
+    assert (
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.master_addr,
+        env.master_port,
+        env.launcher,
+    ) == (3, 8, 1, "node7", 1234, "torchrun")
 
 
 def test_slurm_variables_when_torchrun_is_absent():
-    env = launch_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
-                      "SLURM_JOB_NODELIST": "gpu[003-010,012]", "SLURM_JOB_ID": "4242"})
+    env = launch_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "16",
+            "SLURM_LOCALID": "1",
+            "SLURM_JOB_NODELIST": "gpu[003-010,012]",
+            "SLURM_JOB_ID": "4242",
+        }
+    )
     assert (env.rank, env.world_size, env.local_rank, env.launcher) == (5, 16, 1, "slurm")
     assert env.master_addr == "gpu003" and env.master_port == 29500 + 242
 
@@ -31,9 +51,15 @@ def test_single_process_default():
     assert launch_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).launcher == "none"
 
 
-@pytest.mark.parametrize("nodelist, first", [
-    ("node01", "node01"), ("a[1-4]", "a1"), ("gpu[007,009-011],cpu1", "gpu007"), ("x1,x2", "x1"),
-])
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [
+        ("node01", "node01"),
+        ("a[1-4]", "a1"),
+        ("gpu[007,009-011],cpu1", "gpu007"),
+        ("x1,x2", "x1"),
+    ],
+)
 def test_first_slurm_host(nodelist, first):
     assert first_slurm_host(nodelist) == first
 

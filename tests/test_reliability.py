@@ -8,12 +8,18 @@ import time
 
 import pytest
 import torch
+from launch import (
+    FASHION_MNIST,
+    TINY,
+    final_state,
+    max_relative_difference,
+    process_env,
+    run_bigbatch,
+    summary,
+    train_losses,
+)
 
 from bigbatch import checkpoint
-from launch import (
-    FASHION_MNIST, TINY, final_state, max_relative_difference, process_env, run_bigbatch,
-    summary, train_losses,
-)
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,12 +46,16 @@ def uninterrupted_two_processes(tmp_path_factory):
 
 def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
     out = tmp_path / "run"
-    killed = run_bigbatch(["train", *RESUMABLE, "--out", str(out)],
-                          env={"BIGBATCH_FAULT": "sigkill:step=5"}, check=False)
+    killed = run_bigbatch(
+        ["train", *RESUMABLE, "--out", str(out)],
+        env={"BIGBATCH_FAULT": "sigkill:step=5"},
+        check=False,
+    )
     assert killed.returncode == -signal.SIGKILL
     assert not (out / "final.pt").exists()
-    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")][-1] == \
-        checkpoint.checkpoint_name(4)
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")][
+        -1
+    ] == checkpoint.checkpoint_name(4)
     run_bigbatch(["train", *RESUMABLE, "--out", str(out)])
     ours, reference = final_state(out), final_state(uninterrupted)
     for key in reference:
@@ -55,17 +65,28 @@ def test_sigkill_then_resume_is_bit_identical(uninterrupted, tmp_path):
 
 def test_elastic_restart_after_a_rank_crash(uninterrupted_two_processes, tmp_path):
     out = tmp_path / "run"
-    run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=2, max_restarts=1,
-                 env={"BIGBATCH_FAULT": "crash:step=6:rank=1"})
-    assert max_relative_difference(final_state(out), final_state(uninterrupted_two_processes)) < 1e-6
+    run_bigbatch(
+        ["train", *RESUMABLE, "--out", str(out)],
+        nproc=2,
+        max_restarts=1,
+        env={"BIGBATCH_FAULT": "crash:step=6:rank=1"},
+    )
+    assert (
+        max_relative_difference(final_state(out), final_state(uninterrupted_two_processes)) < 1e-6
+    )
     assert summary(out)["steps"] == 8
 
 
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 2)])
 def test_resume_on_a_different_number_of_processes(uninterrupted, tmp_path, first, second):
     out = tmp_path / "run"
-    stopped = run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=first,
-                           max_restarts=0, env={"BIGBATCH_FAULT": "crash:step=5"}, check=False)
+    stopped = run_bigbatch(
+        ["train", *RESUMABLE, "--out", str(out)],
+        nproc=first,
+        max_restarts=0,
+        env={"BIGBATCH_FAULT": "crash:step=5"},
+        check=False,
+    )
     assert stopped.returncode != 0
     run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=second)
     assert summary(out)["world_size"] == second
@@ -75,13 +96,18 @@ def test_resume_on_a_different_number_of_processes(uninterrupted, tmp_path, firs
 def test_sigterm_checkpoints_and_exits_75(tmp_path):
     out = tmp_path / "run"
     long_run = [*TINY, "--epochs", "40", "--out", str(out), "--resume", "auto"]
-    process = subprocess.Popen([sys.executable, "-m", "bigbatch", "train", *long_run],
-                               env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bigbatch", "train", *long_run],
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not metrics.exists() or
-                                           len(metrics.read_text().splitlines()) < 3):
+    while time.monotonic() < deadline and (
+        not metrics.exists() or len(metrics.read_text().splitlines()) < 3
+    ):
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
@@ -95,8 +121,9 @@ def test_sigterm_checkpoints_and_exits_75(tmp_path):
 
 def test_nan_stops_with_diagnostic_and_keeps_the_last_good_checkpoint(tmp_path):
     out = tmp_path / "run"
-    result = run_bigbatch(["train", *RESUMABLE, "--out", str(out)],
-                          env={"BIGBATCH_FAULT": "nan:step=5"}, check=False)
+    result = run_bigbatch(
+        ["train", *RESUMABLE, "--out", str(out)], env={"BIGBATCH_FAULT": "nan:step=5"}, check=False
+    )
     assert result.returncode == 3
     diagnostic = json.loads((out / "nonfinite-step000000005.json").read_text())
     assert diagnostic["step"] == 5 and diagnostic["loss"] == "nan"
@@ -108,16 +135,21 @@ def test_nan_stops_with_diagnostic_and_keeps_the_last_good_checkpoint(tmp_path):
 
 def test_nan_skip_policy_drops_the_step_and_finishes(tmp_path):
     out = tmp_path / "run"
-    run_bigbatch(["train", *TINY, "--out", str(out), "--set", "on_nonfinite=skip"],
-                 env={"BIGBATCH_FAULT": "nan:step=2"})
+    run_bigbatch(
+        ["train", *TINY, "--out", str(out), "--set", "on_nonfinite=skip"],
+        env={"BIGBATCH_FAULT": "nan:step=2"},
+    )
     assert summary(out)["skipped_steps"] == 1
     assert all(map(lambda x: x == x, train_losses(out)))  # no NaN reached the log
 
 
 def test_kill_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path):
     out = tmp_path / "run"
-    result = run_bigbatch(["train", *RESUMABLE, "--out", str(out)],
-                          env={"BIGBATCH_FAULT": "kill-in-checkpoint:step=4"}, check=False)
+    result = run_bigbatch(
+        ["train", *RESUMABLE, "--out", str(out)],
+        env={"BIGBATCH_FAULT": "kill-in-checkpoint:step=4"},
+        check=False,
+    )
     assert result.returncode == -signal.SIGKILL
     saved = checkpoint.list_checkpoints(out / "checkpoints")
     assert [p.name for p in saved] == [checkpoint.checkpoint_name(3)]

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from imagegen import make_image_folder
 from launch import FASHION_MNIST, TINY, run_bigbatch, summary
 
@@ -13,18 +12,45 @@ pytestmark = pytest.mark.slow
 
 
 def bigbatch(*args, check=False):
-    return subprocess.run([sys.executable, "-m", "bigbatch", *args], capture_output=True,
-                          text=True, timeout=300, check=check)
+    return subprocess.run(
+        [sys.executable, "-m", "bigbatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+    )
 
 
 def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
     info = make_image_folder(tmp_path / "images", per_class=8, val_per_class=2)
     out = tmp_path / "run"
-    run = run_bigbatch([
-        "train", "--dataset", "imagefolder", "--data", str(info.root), "--model", "resnet18",
-        "--batch-size", "8", "--micro-batch", "4", "--epochs", "2", "--lr", "1.0",
-        "--warmup-epochs", "0", "--set", "data.image_size=32", "--set", "data.workers=1",
-        "--out", str(out)])
+    run = run_bigbatch(
+        [
+            "train",
+            "--dataset",
+            "imagefolder",
+            "--data",
+            str(info.root),
+            "--model",
+            "resnet18",
+            "--batch-size",
+            "8",
+            "--micro-batch",
+            "4",
+            "--epochs",
+            "2",
+            "--lr",
+            "1.0",
+            "--warmup-epochs",
+            "0",
+            "--set",
+            "data.image_size=32",
+            "--set",
+            "data.workers=1",
+            "--out",
+            str(out),
+        ]
+    )
     result = summary(out)
     assert result["steps"] == 2 * ((3 * 8 + 3) // 8)  # 27 files, 3 of them broken
     assert result["skipped_images"] >= 1
@@ -41,11 +67,34 @@ def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
 
 def test_image_folder_error_mode_names_the_file(tmp_path):
     info = make_image_folder(tmp_path / "images", per_class=8, val_per_class=2)
-    run = run_bigbatch([
-        "train", "--dataset", "imagefolder", "--data", str(info.root), "--model", "resnet18",
-        "--batch-size", "27", "--micro-batch", "27", "--epochs", "1", "--warmup-epochs", "0",
-        "--set", "data.image_size=32", "--set", "data.workers=0", "--set", "data.on_broken=error",
-        "--out", str(tmp_path / "run")], check=False)
+    run = run_bigbatch(
+        [
+            "train",
+            "--dataset",
+            "imagefolder",
+            "--data",
+            str(info.root),
+            "--model",
+            "resnet18",
+            "--batch-size",
+            "27",
+            "--micro-batch",
+            "27",
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "0",
+            "--set",
+            "data.image_size=32",
+            "--set",
+            "data.workers=0",
+            "--set",
+            "data.on_broken=error",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        check=False,
+    )
     assert run.returncode == 2
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("bigbatch: error: cannot read image")
@@ -60,26 +109,41 @@ def test_train_then_eval_gives_the_same_accuracy(tmp_path):
         records = [json.loads(line) for line in lines]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 9))
-    assert {"lr", "loss", "images_per_second", "trust_min", "trust_median", "trust_max",
-            "time_data", "time_compute", "time_comm_exposed", "time_optimizer"} <= train[0].keys()
+    assert {
+        "lr",
+        "loss",
+        "images_per_second",
+        "trust_min",
+        "trust_median",
+        "trust_max",
+        "time_data",
+        "time_compute",
+        "time_comm_exposed",
+        "time_optimizer",
+    } <= train[0].keys()
     assert train[0]["trust_min"] <= train[0]["trust_median"] <= train[0]["trust_max"]
     assert (out / "config.yaml").exists()
-    evaluated = json.loads(bigbatch("eval", "--weights", str(out / "final.pt"),
-                                    check=True).stdout)
+    evaluated = json.loads(bigbatch("eval", "--weights", str(out / "final.pt"), check=True).stdout)
     assert evaluated["top1"] == pytest.approx(summary(out)["top1"], abs=1e-9)
     assert evaluated["examples"] == 10000
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--recipe", "nope"], "unknown recipe 'nope'"),
-    (["train", "--model", "vgg99", "--train-subset", "4096"], "unknown model 'vgg99'"),
-    (["train", "--batch-size", "1000", "--micro-batch", "64"], "not a multiple of micro-batch 64"),
-    (["train", "--set", "optim.lr=-3"], "'optim.lr' must be a positive number"),
-    (["train", "--set", "bogus=1"], "unknown config key 'bogus'"),
-    (["train", "--dataset", "imagefolder", "--data", "/no/such/folder"], "/no/such/folder"),
-    (["train", "--data", "/no/such/fmnist"], "/no/such/fmnist"),
-    (["eval", "--weights", "/no/such/final.pt"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--recipe", "nope"], "unknown recipe 'nope'"),
+        (["train", "--model", "vgg99", "--train-subset", "4096"], "unknown model 'vgg99'"),
+        (
+            ["train", "--batch-size", "1000", "--micro-batch", "64"],
+            "not a multiple of micro-batch 64",
+        ),
+        (["train", "--set", "optim.lr=-3"], "'optim.lr' must be a positive number"),
+        (["train", "--set", "bogus=1"], "unknown config key 'bogus'"),
+        (["train", "--dataset", "imagefolder", "--data", "/no/such/folder"], "/no/such/folder"),
+        (["train", "--data", "/no/such/fmnist"], "/no/such/fmnist"),
+        (["eval", "--weights", "/no/such/final.pt"], "does not exist"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = bigbatch(*args)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -97,13 +161,45 @@ def test_recipes_lists_every_recipe_with_its_description():
 
 def test_data_pack_then_train_on_the_shards(tmp_path):
     info = make_image_folder(tmp_path / "images", per_class=4, val_per_class=2, broken=True)
-    packed = json.loads(bigbatch("data", "pack", str(info.root), str(tmp_path / "packed"),
-                                 "--short-side", "64", "--workers", "1", check=True).stdout)
+    packed = json.loads(
+        bigbatch(
+            "data",
+            "pack",
+            str(info.root),
+            str(tmp_path / "packed"),
+            "--short-side",
+            "64",
+            "--workers",
+            "1",
+            check=True,
+        ).stdout
+    )
     assert packed["images"] == {"train": 12, "val": 6}
     assert len(packed["skipped"]["train"]) == len(info.train_broken)
     out = tmp_path / "run"
-    run_bigbatch(["train", "--dataset", "packed", "--data", str(tmp_path / "packed"),
-                  "--model", "small_cnn", "--batch-size", "4", "--micro-batch", "2",
-                  "--epochs", "1", "--warmup-epochs", "0", "--set", "data.image_size=32",
-                  "--set", "data.workers=0", "--out", str(out)])
+    run_bigbatch(
+        [
+            "train",
+            "--dataset",
+            "packed",
+            "--data",
+            str(tmp_path / "packed"),
+            "--model",
+            "small_cnn",
+            "--batch-size",
+            "4",
+            "--micro-batch",
+            "2",
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "0",
+            "--set",
+            "data.image_size=32",
+            "--set",
+            "data.workers=0",
+            "--out",
+            str(out),
+        ]
+    )
     assert summary(out)["steps"] == 3 and summary(out)["skipped_images"] == 0

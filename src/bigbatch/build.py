@@ -127,7 +127,7 @@ def optimizer_for(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
 
 
 def workers_for(cfg: RunConfig, ctx: DistContext) -> int:
-    """Loader processes per rank: none for in-memory data, else the cores shared among local ranks."""
+    """Loader processes per rank: none for in-memory data, else the cores over local ranks."""
     if cfg.data.workers is not None:
         return cfg.data.workers
     if cfg.data.name in ("fashion-mnist", "synthetic"):

@@ -1,6 +1,6 @@
 """The `bigbatch` command line.
 
-    bigbatch train                                   # the default recipe (Fashion-MNIST, LARS, batch 4096)
+    bigbatch train                       # the default recipe (Fashion-MNIST, LARS, batch 4096)
     bigbatch train --recipe imagenet-resnet50-32k --data /data/imagenet
     torchrun --nproc-per-node 4 -m bigbatch train --recipe fashion-mnist
     bigbatch eval --weights runs/fashion-mnist/final.pt
@@ -32,13 +32,21 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     "model": ("model.name", str, "model name (see `bigbatch models`)"),
     "optimizer": ("optim.name", str, "lars or sgd"),
     "batch_size": ("global_batch", int, "global batch B (all processes, all accumulation steps)"),
-    "micro_batch": ("micro_batch", int, "micro-batch b: one forward pass on one device; the BN batch"),
+    "micro_batch": (
+        "micro_batch",
+        int,
+        "micro-batch b: one forward pass on one device; the BN batch",
+    ),
     "epochs": ("epochs", float, "training epochs"),
     "lr": ("optim.lr", float, "base learning rate (at optim.reference_batch)"),
     "warmup_epochs": ("schedule.warmup_epochs", float, "linear warmup length in epochs"),
     "seed": ("seed", int, "seed of the whole run (data order, augmentation, init, dropout)"),
     "train_subset": ("data.train_subset", int, "use only the first N training examples"),
-    "resume": ("checkpoint.resume", str, "'auto' (latest valid checkpoint in the run dir) or a path"),
+    "resume": (
+        "checkpoint.resume",
+        str,
+        "'auto' (latest valid checkpoint in the run dir) or a path",
+    ),
     "checkpoint_every": ("checkpoint.every_steps", int, "also checkpoint every N global steps"),
     "backend": ("backend", str, "auto (NCCL on GPUs, else gloo), gloo or nccl"),
 }
@@ -78,18 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_data_command(commands) -> None:
-    command = commands.add_parser("data", help="prepare data sets",
-                                  description="Prepare data sets.")
+    command = commands.add_parser(
+        "data", help="prepare data sets", description="Prepare data sets."
+    )
     actions = command.add_subparsers(title="actions", metavar="ACTION")
     pack = actions.add_parser(
-        "pack", help="pre-resize an image folder into memory-mappable shards",
+        "pack",
+        help="pre-resize an image folder into memory-mappable shards",
         description="Pre-resize SRC/{train,val}/<class>/<images> into shards under DST, "
-                    "read with --dataset packed --data DST.")
+        "read with --dataset packed --data DST.",
+    )
     pack.add_argument("src", help="image folder with train/ and val/")
     pack.add_argument("dst", help="output folder")
     pack.add_argument("--short-side", type=int, default=256, help="shorter side after resizing")
-    pack.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
-                      help="jpeg: re-encoded (small files); raw: uint8 pixels (fastest reads)")
+    pack.add_argument(
+        "--encoding",
+        choices=("jpeg", "raw"),
+        default="jpeg",
+        help="jpeg: re-encoded (small files); raw: uint8 pixels (fastest reads)",
+    )
     pack.add_argument("--quality", type=int, default=90, help="JPEG quality")
     pack.add_argument("--workers", type=int, default=None, help="decoding processes")
     pack.add_argument("--overwrite", action="store_true", help="replace splits packed before")
@@ -107,8 +122,13 @@ def add_plugin_commands(commands) -> None:
     from bigbatch.plot import add_plot_command
     from bigbatch.sweep import add_sweep_command
 
-    for add in (add_sweep_command, add_plot_command, add_inspect_command, add_plan_command,
-                add_bench_command):
+    for add in (
+        add_sweep_command,
+        add_plot_command,
+        add_inspect_command,
+        add_plan_command,
+        add_bench_command,
+    ):
         add(commands)
 
 
@@ -119,10 +139,18 @@ def add_simple_command(commands, name: str, help_text: str, handler: Callable) -
 
 def add_config_options(command: argparse.ArgumentParser) -> None:
     source = command.add_mutually_exclusive_group()
-    source.add_argument("--recipe", help="a shipped recipe (see `bigbatch recipes`); default fashion-mnist")
+    source.add_argument(
+        "--recipe", help="a shipped recipe (see `bigbatch recipes`); default fashion-mnist"
+    )
     source.add_argument("--config", help="a YAML config file (e.g. a run's config.yaml)")
-    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                         help="override any config key, e.g. --set optim.trust_coefficient=0.002")
+    command.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set optim.trust_coefficient=0.002",
+    )
 
 
 def add_train_command(commands) -> None:
@@ -134,8 +162,11 @@ def add_train_command(commands) -> None:
 
 
 def add_eval_command(commands) -> None:
-    command = commands.add_parser("eval", help="evaluate saved weights on the validation set",
-                                  description="Evaluate saved weights (final.pt or a checkpoint).")
+    command = commands.add_parser(
+        "eval",
+        help="evaluate saved weights on the validation set",
+        description="Evaluate saved weights (final.pt or a checkpoint).",
+    )
     command.add_argument("--weights", required=True, help="final.pt or a checkpoint file")
     command.add_argument("--data", help="data folder, if not the one the weights were trained on")
     command.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
@@ -200,9 +231,15 @@ def run_data_pack(args: argparse.Namespace) -> int:
 
     from bigbatch.data.pack import pack_imagefolder
 
-    summary = pack_imagefolder(args.src, args.dst, short_side=args.short_side,
-                               encoding=args.encoding, quality=args.quality,
-                               workers=args.workers, overwrite=args.overwrite)
+    summary = pack_imagefolder(
+        args.src,
+        args.dst,
+        short_side=args.short_side,
+        encoding=args.encoding,
+        quality=args.quality,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
     print(json.dumps(asdict(summary), default=str))
     return 0
 

@@ -254,7 +254,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Check every value that can be checked without data; raise ConfigError on the first bad one."""
+    """Check every value that can be checked without data; raise ConfigError on the first."""
     _check_choice("data.name", cfg.data.name, DATASETS)
     _check_choice("data.on_broken", cfg.data.on_broken, ON_BROKEN)
     _check_choice("optim.name", cfg.optim.name, OPTIMIZERS)
@@ -273,9 +273,18 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     _check_range("optim.momentum", cfg.optim.momentum, 0.0, 1.0, upper_open=True)
     _check_range("label_smoothing", cfg.label_smoothing, 0.0, 1.0, upper_open=True)
-    for name in ("optim.weight_decay", "optim.trust_coefficient", "optim.eps", "schedule.end_lr",
-                 "schedule.warmup_epochs", "schedule.warmup_start_lr", "checkpoint.every_steps",
-                 "checkpoint.every_minutes", "max_skipped_steps", "seed"):
+    for name in (
+        "optim.weight_decay",
+        "optim.trust_coefficient",
+        "optim.eps",
+        "schedule.end_lr",
+        "schedule.warmup_epochs",
+        "schedule.warmup_start_lr",
+        "checkpoint.every_steps",
+        "checkpoint.every_minutes",
+        "max_skipped_steps",
+        "seed",
+    ):
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(

@@ -31,7 +31,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch import checkpoint
 from bigbatch.bn_stats import PerStepRunningStats
-from bigbatch.build import datasets_for, model_for, optimizer_for, plan_for, schedule_for, workers_for
+from bigbatch.build import (
+    datasets_for,
+    model_for,
+    optimizer_for,
+    plan_for,
+    schedule_for,
+    workers_for,
+)
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import TrainBatches
@@ -96,7 +103,9 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     epochs_to_run = math.ceil(total_steps / plan.steps_per_epoch)
     start_epoch, start_in_epoch = divmod(position.step, plan.steps_per_epoch)
     batches = TrainBatches(plan, start_epoch, start_in_epoch, epochs_to_run)
-    micro_batches = iter(make_loader(train_set, batches, workers, pin_memory=ctx.device.type == "cuda"))
+    micro_batches = iter(
+        make_loader(train_set, batches, workers, pin_memory=ctx.device.type == "cuda")
+    )
     progress = progress_bar(ctx, total_steps, position.step)
     last_checkpoint = time.monotonic()
     train_seconds, train_images = 0.0, 0
@@ -128,8 +137,11 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
             sync = contextlib.nullcontext() if last or network is model else network.no_sync()
             with sync:
                 compute_started = time.perf_counter()
-                with torch.autocast(ctx.device.type, dtype=autocast_dtype or torch.bfloat16,
-                                    enabled=autocast_dtype is not None):
+                with torch.autocast(
+                    ctx.device.type,
+                    dtype=autocast_dtype or torch.bfloat16,
+                    enabled=autocast_dtype is not None,
+                ):
                     logits = forward(images)
                 loss = criterion(logits.float(), labels)
                 if poisons_loss(fault, step, ctx.rank):
@@ -147,8 +159,14 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
 
         # One reduction carries the loss, the example count and the two stop conditions, so
         # every rank takes the same decision after the same step.
-        flags = torch.stack([loss_sum, seen, nonfinite_gradients(model),
-                             torch.tensor(float(stop.requested), device=ctx.device)])
+        flags = torch.stack(
+            [
+                loss_sum,
+                seen,
+                nonfinite_gradients(model),
+                torch.tensor(float(stop.requested), device=ctx.device),
+            ]
+        )
         total_loss, total_seen, nonfinite, stop_votes = all_reduce_sum(flags, ctx).tolist()
         mean_loss = total_loss / max(total_seen, 1.0)
         if nonfinite or not math.isfinite(mean_loss):
@@ -168,25 +186,41 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
         train_images += int(total_seen)
         images_per_second = total_seen / step_seconds
         if position.step % cfg.log_every == 0 or position.step == total_steps:
-            metrics.write({
-                "kind": "train", "step": position.step, "epoch": position.step / plan.steps_per_epoch,
-                "lr": lr, "loss": mean_loss, "images_per_second": images_per_second,
-                **timer.as_record(), **quantiles(trust_ratios(optimizer)),
-            })
+            metrics.write(
+                {
+                    "kind": "train",
+                    "step": position.step,
+                    "epoch": position.step / plan.steps_per_epoch,
+                    "lr": lr,
+                    "loss": mean_loss,
+                    "images_per_second": images_per_second,
+                    **timer.as_record(),
+                    **quantiles(trust_ratios(optimizer)),
+                }
+            )
         if progress is not None:
             progress.update(1)
-            progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.3g}", img_s=f"{images_per_second:.0f}")
+            progress.set_postfix(
+                loss=f"{mean_loss:.3f}", lr=f"{lr:.3g}", img_s=f"{images_per_second:.0f}"
+            )
 
         epoch_done = position.step % plan.steps_per_epoch == 0
         finished = position.step == total_steps
         if (epoch_done and (epoch + 1) % cfg.eval_every == 0) or finished:
             last_eval = evaluate_and_log(cfg, ctx, model, val_set, workers, metrics, position, plan)
-        if epoch_done or finished or checkpoint_due(cfg, position.step, last_checkpoint) or stop_votes:
+        if (
+            epoch_done
+            or finished
+            or checkpoint_due(cfg, position.step, last_checkpoint)
+            or stop_votes
+        ):
             save_checkpoint(cfg, ctx, run_dir, model, optimizer, position, fault)
             last_checkpoint = time.monotonic()
         if stop_votes:
             barrier(ctx)
-            raise Preempted(f"stopped by {stop.signal_name or 'a preemption signal'} after step {position.step}")
+            raise Preempted(
+                f"stopped by {stop.signal_name or 'a preemption signal'} after step {position.step}"
+            )
 
     stop.uninstall()
     if progress is not None:
@@ -194,10 +228,18 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     metrics.close()
     if not last_eval:
         last_eval = evaluate_and_log(cfg, ctx, model, val_set, workers, metrics, position, plan)
-    summary = build_summary(cfg, ctx, plan, position, last_eval, started, train_seconds, train_images)
+    summary = build_summary(
+        cfg, ctx, plan, position, last_eval, started, train_seconds, train_images
+    )
     if ctx.is_main:
-        torch.save({"model": model.state_dict(), "classes": list(train_set.classes),
-                    "config": cfg.to_dict()}, run_dir / "final.pt")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "classes": list(train_set.classes),
+                "config": cfg.to_dict(),
+            },
+            run_dir / "final.pt",
+        )
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     barrier(ctx)
     return summary
@@ -219,8 +261,9 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock, cfg: RunConfi
         # Newer PyTorch suggests forward_sync_buffers, which still syncs buffers at start-up;
         # rank-local BN buffers are what we want, so broadcast_buffers=False stays.
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
-        network = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False,
-                                          gradient_as_bucket_view=True)
+        network = DistributedDataParallel(
+            model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
     network.register_comm_hook(clock, timed_allreduce_hook)
     return network
 
@@ -261,16 +304,31 @@ def checkpoint_due(cfg: RunConfig, step: int, last_saved: float) -> bool:
     return bool(minutes) and time.monotonic() - last_saved >= 60.0 * minutes
 
 
-def evaluate_and_log(cfg, ctx, model, val_set, workers, metrics, position, plan) -> dict[str, float]:
+def evaluate_and_log(
+    cfg, ctx, model, val_set, workers, metrics, position, plan
+) -> dict[str, float]:
     average_buffers(model, ctx)
     autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
-    result = evaluate(model, val_set, ctx, cfg.micro_batch, workers, cfg.channels_last, autocast_dtype)
-    metrics.write({"kind": "eval", "step": position.step,
-                   "epoch": position.step / plan.steps_per_epoch, **result})
+    result = evaluate(
+        model, val_set, ctx, cfg.micro_batch, workers, cfg.channels_last, autocast_dtype
+    )
+    metrics.write(
+        {
+            "kind": "eval",
+            "step": position.step,
+            "epoch": position.step / plan.steps_per_epoch,
+            **result,
+        }
+    )
     if ctx.is_main:
-        log.info("step %d (epoch %.2f): top-1 %.2f%%, top-5 %.2f%%, val loss %.4f",
-                 position.step, position.step / plan.steps_per_epoch,
-                 result["top1"], result["top5"], result["loss"])
+        log.info(
+            "step %d (epoch %.2f): top-1 %.2f%%, top-5 %.2f%%, val loss %.4f",
+            position.step,
+            position.step / plan.steps_per_epoch,
+            result["top1"],
+            result["top5"],
+            result["loss"],
+        )
     return result
 
 
@@ -356,15 +414,26 @@ def check_resumable(cfg: RunConfig, state: dict, path: Path) -> None:
 def handle_nonfinite(cfg, ctx, run_dir, model, step, loss, position) -> None:
     """Policy ``skip``: drop the step (already done) until too many; ``stop``: diagnose and stop."""
     if cfg.on_nonfinite == "skip" and position.skipped_steps <= cfg.max_skipped_steps:
-        log.warning("step %d: non-finite loss or gradient, step skipped (%d so far)",
-                    step, position.skipped_steps)
+        log.warning(
+            "step %d: non-finite loss or gradient, step skipped (%d so far)",
+            step,
+            position.skipped_steps,
+        )
         return
     diagnostic = run_dir / f"nonfinite-step{step:09d}.json"
     if ctx.is_main:
-        diagnostic.write_text(json.dumps({
-            "step": step, "loss": str(loss), "skipped_steps": position.skipped_steps,
-            "layers": layer_norms(model),
-        }, indent=2) + "\n")
+        diagnostic.write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "loss": str(loss),
+                    "skipped_steps": position.skipped_steps,
+                    "layers": layer_norms(model),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     barrier(ctx)
     raise NonFiniteLoss(
         f"non-finite loss or gradient at step {step} (loss {loss}); per-layer norms written to "
@@ -388,8 +457,15 @@ def write_start_record(cfg, ctx, run_dir, plan, schedule, position) -> None:
     (run_dir / "config.yaml").write_text(cfg.to_yaml())
     log.info(
         "global batch %d = micro-batch %d x %d processes x %d accumulation steps; %d steps/epoch, "
-        "%d steps in all, peak LR %.4g", cfg.global_batch, cfg.micro_batch, ctx.world_size,
-        plan.accumulation_steps, plan.steps_per_epoch, schedule.total_steps, schedule.base_lr)
+        "%d steps in all, peak LR %.4g",
+        cfg.global_batch,
+        cfg.micro_batch,
+        ctx.world_size,
+        plan.accumulation_steps,
+        plan.steps_per_epoch,
+        schedule.total_steps,
+        schedule.base_lr,
+    )
     if position.step:
         log.info("continuing at step %d", position.step)
 

@@ -43,13 +43,17 @@ def evaluate(
     for batch in loader:
         images = batch.images.to(ctx.device, non_blocking=True, memory_format=memory_format)
         labels = batch.labels.to(ctx.device, non_blocking=True)
-        with torch.autocast(ctx.device.type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
+        with torch.autocast(
+            ctx.device.type,
+            dtype=autocast_dtype or torch.bfloat16,
+            enabled=autocast_dtype is not None,
+        ):
             logits = model(images)
         top1, top5 = topk_correct(logits.float(), labels)
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        totals += torch.stack([top1, top5, loss, torch.tensor(len(labels)),
-                               torch.tensor(len(batch.skipped))]).to(totals)
+        totals += torch.stack(
+            [top1, top5, loss, torch.tensor(len(labels)), torch.tensor(len(batch.skipped))]
+        ).to(totals)
     all_reduce_sum(totals, ctx)
     model.train(was_training)
     top1, top5, loss, count, skipped = totals.tolist()

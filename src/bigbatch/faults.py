@@ -66,6 +66,6 @@ def poisons_loss(fault: Fault | None, step: int, rank: int) -> bool:
 
 
 def kills_checkpoint(fault: Fault | None, step: int, rank: int) -> bool:
-    return fault is not None and fault.kind == "kill-in-checkpoint" and fault.applies_after(
-        step, rank
+    return (
+        fault is not None and fault.kind == "kill-in-checkpoint" and fault.applies_after(step, rank)
     )

@@ -16,7 +16,7 @@ from bigbatch.evaluate import evaluate
 
 
 def load_weights_file(path: str) -> dict[str, Any]:
-    """A final.pt (plain torch.save) or a verified checkpoint, as a dict with 'model' and 'config'."""
+    """A final.pt (plain torch.save) or a verified checkpoint: a dict with model and config."""
     file = Path(path)
     if not file.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
@@ -31,7 +31,9 @@ def load_weights_file(path: str) -> dict[str, Any]:
     return state
 
 
-def evaluate_weights(path: str, data_path: str | None = None, batch_size: int | None = None) -> dict:
+def evaluate_weights(
+    path: str, data_path: str | None = None, batch_size: int | None = None
+) -> dict:
     state = load_weights_file(path)
     cfg = config_from_dict(state["config"])
     cfg.checkpoint.resume = None
