@@ -1,0 +1,164 @@
+"""Time one optimizer step on ResNet-50's parameters: bigbatch LARS against SGD and timm's Lars.
+
+    python benchmarks/lars_step.py [--repeats 30] [--threads 2] [--no-compile] [--device cpu]
+
+Every optimizer owns its own copy of ResNet-50's 161 parameter tensors (25.6M values) with fixed
+random gradients. The steps are interleaved (one step of each per repetition, order rotated) so
+that a noisy shared machine slows them alike; the first ``--warmup`` repetitions are dropped.
+Reported: the median time per step of each, the ratio of medians, and the median of the
+per-repetition ratios (robust when the machine's speed drifts). The JSON record goes to stdout and
+is appended, with the machine's description, to docs/results/lars_step.jsonl.
+
+Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
+  sgd            torch.optim.SGD(momentum=0.9, foreach=True), no weight decay (the brief's baseline)
+  sgd_wd         the same with weight_decay=5e-4 (the like-for-like baseline)
+  lars           bigbatch.optim.LARS, every tensor adapted (as timm's Lars does)
+  lars_compiled  the same with fused_compile=True (compile time reported separately)
+  timm_lars      timm.optim.Lars (LR outside the momentum buffer, eps 1e-8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torchvision
+
+from bigbatch.optim import LARS
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "lars_step.jsonl"
+LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
+
+
+def resnet50_params_with_grads(device: torch.device, seed: int) -> list[torch.nn.Parameter]:
+    torch.manual_seed(seed)
+    params = list(torchvision.models.resnet50().to(device).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-2
+    return params
+
+
+def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch.optim.Optimizer]:
+    from timm.optim import Lars
+
+    def params() -> list[torch.nn.Parameter]:
+        return resnet50_params_with_grads(device, seed=0)
+
+    optimizers: dict[str, torch.optim.Optimizer] = {
+        "sgd": torch.optim.SGD(params(), lr=LR, momentum=MOMENTUM, foreach=True),
+        "sgd_wd": torch.optim.SGD(params(), lr=LR, momentum=MOMENTUM,
+                                  weight_decay=WEIGHT_DECAY, foreach=True),
+        "lars": LARS(params(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+        "timm_lars": Lars(params(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+    }
+    if with_compile:
+        optimizers["lars_compiled"] = LARS(params(), lr=LR, momentum=MOMENTUM,
+                                           weight_decay=WEIGHT_DECAY, fused_compile=True)
+    return optimizers
+
+
+def timed(step: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def interleaved_times(optimizers: dict[str, torch.optim.Optimizer], repeats: int, warmup: int,
+                      device: torch.device) -> dict[str, list[float]]:
+    names = list(optimizers)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(warmup + repeats):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds = timed(optimizers[name].step, device)
+            if rep >= warmup:
+                times[name].append(seconds)
+    return times
+
+
+def ratio_summary(times: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
+    paired = [a / b for a, b in zip(times[num], times[den], strict=True)]
+    return {"of_medians": round(statistics.median(times[num]) / statistics.median(times[den]), 3),
+            "median_paired": round(statistics.median(paired), 3)}
+
+
+def machine_info(threads: int, device: torch.device) -> dict[str, object]:
+    import timm
+
+    info: dict[str, object] = {
+        "platform": platform.platform(), "python": platform.python_version(),
+        "cpu_count": os.cpu_count(), "cpu": cpu_model(), "torch_threads": threads,
+        "torch": torch.__version__, "timm": timm.__version__, "device": str(device),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=30, help="timed repetitions (default 30)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions (default 3)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="skip LARS(fused_compile=True) (its compile takes ~1 min on 2 cores)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="JSONL file to append to")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    optimizers = make_optimizers(device, args.compile)
+    compile_s = None
+    if args.compile:  # the first compiled step compiles; time it apart from the steady state
+        compile_s = round(timed(optimizers["lars_compiled"].step, device), 1)
+    times = interleaved_times(optimizers, args.repeats, args.warmup, device)
+
+    ratios = {f"{num}/{den}": ratio_summary(times, num, den)
+              for num in ("lars", "lars_compiled") if num in times
+              for den in ("sgd", "sgd_wd", "timm_lars")}
+    record = {
+        "benchmark": "lars_step", "model": "resnet50",
+        "tensors": len(optimizers["lars"].param_groups[0]["params"]),
+        "values": sum(p.numel() for p in optimizers["lars"].param_groups[0]["params"]),
+        "repeats": args.repeats, "warmup": args.warmup,
+        "median_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()},
+        "min_ms": {k: round(min(v) * 1e3, 2) for k, v in times.items()},
+        "ratios": ratios, "compile_s": compile_s,
+        "targets": {"lars/sgd <=": 1.3, "lars/timm_lars <=": 0.8},
+        "machine": machine_info(args.threads, device),
+    }
+    json.dump(record, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with args.output.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
