@@ -169,7 +169,7 @@ def test_shaped_namespace_bench_skips_or_measures_the_shaping(tmp_path):
     with shaped_namespace(f"bbtest{os.getpid() % 10000}", rate="100mbit") as namespace:
         command = [*netns_exec(namespace), sys.executable, "-m", "torch.distributed.run",
                    "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                   "29533", "-m", "bigbatch.allreduce_bench", "--min-bytes", "4K",
+                   str(free_port()), "-m", "bigbatch.allreduce_bench", "--min-bytes", "4K",
                    "--max-bytes", "4M", "--repeats", "3", "--warmup", "1", "--backend", "gloo",
                    "--out", str(out)]
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
