@@ -50,9 +50,14 @@ def image_size_for(cfg: RunConfig) -> int | None:
     return model_spec(cfg.model.name).default_image_size
 
 
-def datasets_for(cfg: RunConfig):
-    """(train, val) datasets of the run."""
-    return build_datasets(
+def datasets_for(cfg: RunConfig, uint8_train: bool = False):
+    """(train, val) datasets of the run.
+
+    ``uint8_train``: the training set returns uint8 images where it can (imagefolder, packed),
+    for the loop to normalise on the device (data.transforms.normalize_images); the validation
+    set always returns normalised float images.
+    """
+    train, val = build_datasets(
         cfg.data.name,
         path=cfg.data.path,
         seed=cfg.seed,
@@ -62,7 +67,11 @@ def datasets_for(cfg: RunConfig):
         synthetic_examples=cfg.data.synthetic_examples,
         synthetic_classes=cfg.data.synthetic_classes,
         fast_decode=cfg.data.fast_decode,
+        normalize=not uint8_train,
     )
+    if uint8_train and hasattr(val, "normalize"):
+        val.normalize = True
+    return train, val
 
 
 def model_for(cfg: RunConfig, num_classes: int, in_channels: int) -> nn.Module:

@@ -37,6 +37,9 @@ class DataConfig:
     on_broken: str = "skip"  # broken image files: skip and report, or stop naming the file
     workers: int | None = None  # loader processes per rank; None: sized to the cores
     fast_decode: bool = True  # JPEG decode at reduced scale where the crop allows
+    # Training images travel as uint8 (imagefolder, packed) and are normalised on the training
+    # device: 4x fewer bytes to copy, less work for the loader; same numbers as the float path.
+    normalize_on_device: bool = True
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000
 
@@ -93,6 +96,7 @@ class RunConfig:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    threads: int | None = None  # intra-op CPU threads; None: PyTorch's default (all cores)
     sync_bn: bool = False
     backend: str = "auto"
     on_nonfinite: str = "stop"
@@ -286,6 +290,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         "seed",
     ):
         _check_non_negative(name, _get_dotted(cfg, name))
+    if cfg.threads is not None:
+        _check_positive("threads", cfg.threads)
     if cfg.global_batch % cfg.micro_batch:
         raise ConfigError(
             f"global batch {cfg.global_batch} is not a multiple of micro-batch {cfg.micro_batch}; "

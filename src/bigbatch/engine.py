@@ -43,6 +43,7 @@ from bigbatch.config import RunConfig
 from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import TrainBatches
 from bigbatch.data.seeding import mix64
+from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers, barrier
 from bigbatch.errors import CheckpointError
 from bigbatch.evaluate import evaluate
@@ -73,9 +74,14 @@ class Position:
 
 def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     """Run training as configured; return the summary (also written to summary.json)."""
+    with intra_op_threads(cfg.threads):
+        return _train(cfg, ctx)
+
+
+def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     started = time.perf_counter()
     run_dir = Path(cfg.out)
-    train_set, val_set = datasets_for(cfg)
+    train_set, val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
     plan = plan_for(cfg, len(train_set), ctx.world_size, ctx.rank)
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
@@ -128,6 +134,7 @@ def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
             timer.start("data")
             batch = next(micro_batches)
             images = batch.images.to(ctx.device, non_blocking=True, memory_format=memory_format)
+            images = normalize_images(images)  # uint8 batches: on the device; float: unchanged
             labels = batch.labels.to(ctx.device, non_blocking=True)
             timer.stop("data")
             skipped_images += report_skipped(batch.skipped, ctx)
@@ -266,6 +273,23 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock, cfg: RunConfi
         )
     network.register_comm_hook(clock, timed_allreduce_hook)
     return network
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Run with ``threads`` intra-op CPU threads (None: leave PyTorch's setting), then restore.
+
+    On a CPU shared with other work, fewer threads than cores can be several times faster:
+    OpenMP threads spin while waiting for each other, and a descheduled one stalls the rest
+    (docs/PERFORMANCE.md).
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def nonfinite_gradients(model: nn.Module) -> torch.Tensor:
