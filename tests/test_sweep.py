@@ -84,6 +84,23 @@ def test_no_extension_when_the_best_is_inside_or_the_budget_is_spent():
     assert next_extension({-1: 70.0, 0: 75.0, 1: 80.0, 2: 78.0}, 1, 2) is None
 
 
+def test_runs_at_chance_count_as_failed_for_the_edge_decision():
+    # measured at batch 16384: every SGD LR collapsed; 10.08 is not an interior optimum
+    at_chance = {-1: 10.0, 0: 10.08, 1: 7.6, 2: 4.93}
+    assert next_extension(at_chance, 1, 4) is None  # without a failure level: "inside"
+    assert next_extension(at_chance, 1, 4, failed_below=12.0) == -2
+    # one run that learned at the low edge: grow downwards from it, as for any best at an edge
+    assert next_extension({-1: 40.0, 0: 10.5, 1: 10.0}, 0, 4, failed_below=12.0) == -2
+    # a learned best inside the grid stays inside even with collapsed neighbours
+    assert next_extension({-1: 30.0, 0: 45.0, 1: 10.0}, 0, 4, failed_below=12.0) is None
+
+
+def test_chance_level_comes_from_the_number_of_classes():
+    from bigbatch.config import resolve_config
+
+    cfg = resolve_config(overrides=TINY_OVERRIDES)
+    assert sweep.chance_top1(cfg) == pytest.approx(10.0)
+
 def test_lr_rules_scale_linearly_for_sgd_and_by_sqrt_for_lars():
     assert LRRule(0.1, 128, "linear").centre(16384) == pytest.approx(12.8)
     assert LRRule(8.0, 4096, "sqrt").centre(16384) == pytest.approx(16.0)
@@ -211,6 +228,21 @@ def test_diverged_runs_are_rows_with_nan_accuracy(tmp_path, monkeypatch):
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [r["top1"] for r in rows] == ["nan", "nan", "nan"]
     assert "diverged" in (tmp_path / "sweep.md").read_text()
+
+
+def test_a_grid_of_collapsed_runs_keeps_growing_downwards(tmp_path, monkeypatch):
+    def collapsed_above(cfg, run_dir, torchrun):
+        lr = sweep.peak_lr_of(cfg)
+        summary = {"top1": 10.0 if lr > 0.03 else 60.0 + lr, "top5": 50.0, "steps": 2,
+                   "wall_seconds": 0.1}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(sweep, "execute_run", collapsed_above)
+    (point,) = sweep.run_sweep(fake_settings(max_extensions=4), tmp_path)
+    # 0.1, 0.2, 0.4 and then 0.05 collapse; 0.025 learns; 0.0125 learns less: 0.025 is inside
+    assert point.extensions == ["down", "down", "down"]
+    assert point.best_lr == pytest.approx(0.025) and not point.best_at_edge
 
 
 def test_markdown_table_shows_best_lr_marks_and_difference():
