@@ -1,6 +1,6 @@
 """Training throughput of bigbatch's engine against a plain PyTorch loop and timm's train.py.
 
-    python benchmarks/train_throughput.py [--suites overhead,options,peer]
+    python benchmarks/train_throughput.py [--suites threads,overhead,options,peer]
         [--workloads resnet50,recipe] [--batch 32] [--micro-batch 32] [--image-size 224]
         [--recipe-batch 4096] [--recipe-micro-batch 512] [--warmup 1] [--steps 2] [--rounds 3]
         [--threads N] [--peer-script /tmp/peers/timm/train.py] [--compile] [--no-save]
@@ -28,6 +28,11 @@ peer      the `bigbatch train` command against timm's train.py (the script a use
           switched off so both do RandomResizedCrop+flip. timm's figure is its own logged
           per-update time ("Time: X s", the wall time between optimizer updates, data included);
           bigbatch's is its per-step images_per_second (also data included).
+
+threads   the default recipe's model (forward, backward, LARS step on a batch of 256) in child
+          processes that differ only in their OpenMP settings: all cores (PyTorch's default),
+          all cores with OMP_WAIT_POLICY=PASSIVE, and one thread. On a machine shared with other
+          work this decides which thread setting the other suites should use (--threads).
 
 Workloads: resnet50 = ResNet-50 on 224x224 synthetic data (peer: the JPEG folder);
 recipe = the default recipe (Fashion-MNIST, small_resnet, global batch 4096 in micro-batches of
@@ -323,8 +328,8 @@ def peer_folder(root: Path, images: int) -> Path:
 
 
 def bigbatch_command(args: argparse.Namespace, data: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "bigbatch", "train",
-            "--set", "model.name=resnet50", "--set", "data.name=imagefolder",
+    return [sys.executable, "-m", "bigbatch", "train", "--recipe", "imagenet-resnet50-8k",
+            "--set", "schedule.warmup_epochs=0",
             "--set", f"data.path={data}", "--set", f"data.workers={args.workers}",
             "--set", f"data.image_size={args.image_size}",
             "--set", f"global_batch={args.batch}", "--set", f"micro_batch={args.micro_batch}",
@@ -397,10 +402,68 @@ def peer_suite(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return result
 
 
+# ----------------------------------------------------------------------------- threads
+
+
+THREADS_BATCH = 256
+THREAD_VARIANTS: dict[str, dict[str, str]] = {
+    "all_cores": {},  # PyTorch's default: one OpenMP thread per core, spinning while idle
+    "all_cores_passive_wait": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "one_thread": {"OMP_NUM_THREADS": "1"},
+}
+
+
+def threads_probe(steps: int) -> float:
+    """Median images/s of forward+backward+LARS steps of the default recipe's model on a batch
+    of random 28x28 images, in this process with its thread settings (the child side)."""
+    from bigbatch.models import create_model
+    from bigbatch.optim import LARS
+
+    torch.manual_seed(0)
+    model = create_model("small_resnet", 10, 1)
+    optimizer = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    images, labels = torch.randn(THREADS_BATCH, 1, 28, 28), torch.randint(0, 10, (THREADS_BATCH,))
+    rates = []
+    for step in range(steps + 1):
+        started = time.perf_counter()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step:
+            rates.append(THREADS_BATCH / (time.perf_counter() - started))
+    return median(rates)
+
+
+def threads_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """The same probe in child processes that differ only in their OpenMP environment (which
+    must be set before the OpenMP runtime starts, hence a process each)."""
+    def child(env: dict[str, str]) -> Callable[[], float]:
+        def run() -> float:
+            clean = {k: v for k, v in os.environ.items()
+                     if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+            done = subprocess.run([sys.executable, __file__, "--threads-probe",
+                                   str(args.probe_steps)], env={**clean, **env},
+                                  capture_output=True, text=True, check=True)
+            return float(done.stdout.strip().splitlines()[-1])
+        return run
+
+    per_round = interleaved_rounds({name: child(env) for name, env in THREAD_VARIANTS.items()},
+                                   args.rounds + 2)
+    return {"probe_steps": args.probe_steps, "environments": THREAD_VARIANTS,
+            **summarise(per_round, "all_cores")}
+
+
 # ----------------------------------------------------------------------------- main
 
 
-def workload_description(args: argparse.Namespace, workload: str) -> dict[str, Any]:
+def workload_description(args: argparse.Namespace, suite: str, workload: str) -> dict[str, Any]:
+    if suite == "peer":
+        return {"model": "resnet50", "data": f"generated JPEG folder (500x375, quality 90), "
+                f"RandomResizedCrop({args.image_size})+flip, {args.workers} loader worker(s)",
+                "global_batch": args.batch, "micro_batch": args.micro_batch}
+    if suite == "threads":
+        return {"model": "small_resnet (default recipe)", "data": "random 1x28x28 tensors",
+                "global_batch": THREADS_BATCH, "micro_batch": THREADS_BATCH}
     if workload == "resnet50":
         return {"model": "resnet50", "data": f"synthetic {args.image_size}x{args.image_size}",
                 "global_batch": args.batch, "micro_batch": args.micro_batch}
@@ -410,7 +473,7 @@ def workload_description(args: argparse.Namespace, workload: str) -> dict[str, A
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suites", default="overhead,options,peer")
+    parser.add_argument("--suites", default="threads,overhead,options,peer")
     parser.add_argument("--workloads", default="resnet50,recipe")
     parser.add_argument("--batch", type=int, default=32, help="ResNet-50 global batch")
     parser.add_argument("--micro-batch", type=int, default=32, help="ResNet-50 micro-batch")
@@ -432,12 +495,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "default: PyTorch's (all cores)")
     parser.add_argument("--peer-script", type=Path, default=TIMM_TRAIN_PY)
     parser.add_argument("--peer-commit", default=None, help="the peer's commit, for the record")
+    parser.add_argument("--probe-steps", type=int, default=5, help="threads suite: steps a run")
+    parser.add_argument("--threads-probe", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-save", action="store_true")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if args.threads_probe is not None:
+        print(threads_probe(args.threads_probe))
+        return []
     if args.threads is not None:
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -447,7 +515,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="train-throughput-") as tmp:
         root = Path(tmp)
         for suite in args.suites.split(","):
-            workloads = ["resnet50"] if suite == "peer" else args.workloads.split(",")
+            workloads = {"peer": ["resnet50"], "threads": ["recipe"]}.get(
+                suite, args.workloads.split(","))
             for workload in workloads:
                 log.info("suite %s, workload %s", suite, workload)
                 load_before = load_average()
@@ -457,10 +526,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     result = options_suite(args, workload, root)
                 elif suite == "peer":
                     result = peer_suite(args, root)
+                elif suite == "threads":
+                    result = threads_suite(args)
                 else:
                     raise SystemExit(f"unknown suite {suite!r}")
                 record = {"benchmark": RESULT_NAME, "suite": suite, "workload": workload,
-                          **workload_description(args, workload),
+                          **workload_description(args, suite, workload),
                           "warmup_steps": args.warmup, "timed_steps": args.steps,
                           "rounds": args.rounds, **result, "load_before": load_before,
                           "load_after": load_average(), "machine": machine_info()}
