@@ -87,7 +87,7 @@ def plot_sweep(folder: Path, out: Path) -> Path:
         ax.axhline(top1, color="0.5", linewidth=0.8)
     optimizers = [o for o in record.get("settings", {}).get("optimizers", [])
                   if any(p["optimizer"] == o for p in best)]
-    for name in optimizers or sorted({p["optimizer"] for p in best}):
+    for index, name in enumerate(optimizers or sorted({p["optimizer"] for p in best})):
         points = sorted((p for p in best if p["optimizer"] == name), key=lambda p: p["batch"])
         color, marker, label = OPTIMIZER_STYLE.get(name, ("black", "x", name))
         xs = [p["batch"] for p in points]
@@ -100,8 +100,10 @@ def plot_sweep(folder: Path, out: Path) -> Path:
             ax.scatter(*zip(*tried, strict=True), color=color, marker=marker, s=10, alpha=0.25)
         for x, y, point in zip(xs, ys, points, strict=True):
             if not math.isnan(y):
+                # first optimizer's labels above its points, the second's below: no overlap
                 ax.annotate(f"{point['best_lr']:.3g}", (x, y), textcoords="offset points",
-                            xytext=(0, 6), ha="center", fontsize=7, color=color)
+                            xytext=(0, 6 if index % 2 == 0 else -12), ha="center", fontsize=7,
+                            color=color)
     ax.set_xscale("log", base=2)
     batches = sorted({p["batch"] for p in best} | {r["batch"] for r in record.get("runs", [])})
     ax.set_xticks(batches)
