@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import resource
 import sys
 import time
 import warnings
@@ -512,4 +513,10 @@ def build_summary(cfg, ctx, plan, position, result, started, train_seconds, trai
         "optimizer": cfg.optim.name,
         "model": cfg.model.name,
         "seed": cfg.seed,
+        "peak_memory_mib": peak_memory_mib(),
     }
+
+
+def peak_memory_mib() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
