@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The GPU path, end to end, on a CUDA machine: install bigbatch, measure ResNet-50 training
+# images/s on synthetic 224x224 data (bf16 autocast + channels_last, then optionally with
+# torch.compile), and run a short Fashion-MNIST training; print images/s with the GPU's name and
+# append one JSON line (suite "gpu") to docs/results/train_throughput.jsonl.
+#
+#   bash benchmarks/gpu.sh                      # one GPU, batch 256, 60 steps
+#   BATCH=256 STEPS=60 WARMUP=10 COMPILE=1 NPROC=8 bash benchmarks/gpu.sh
+#
+# Environment:
+#   PYTHON    interpreter to use (default: python3); bigbatch is installed into it with
+#             `pip install -e .` (--no-deps when torch is already importable: GPU images ship it)
+#   BATCH     ResNet-50 micro-batch per GPU (default 256; the global batch is BATCH x NPROC)
+#   STEPS     timed steps (default 60), WARMUP steps dropped from the median (default 10)
+#   COMPILE   1: also measure with torch.compile (compile time is in the warm-up steps)
+#   NPROC     GPUs to use through torchrun --standalone (default 1)
+#   WORKERS   loader processes per GPU for the synthetic data (default 4)
+#   FMNIST_EPOCHS  epochs of the Fashion-MNIST run (default 2, at least the recipe's 2 warm-up
+#             epochs); Fashion-MNIST is found the usual way (BIGBATCH_DATA,
+#             /usr/share/datasets/fashion-mnist, the cache, a download)
+#   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
+#   OUT       scratch folder for the runs (default: a new temporary folder)
+#   CPU_DRY_RUN  1: skip the GPU checks and the install and run everything on the CPU (to test
+#             this script on a machine without a GPU; use tiny BATCH/STEPS)
+#
+# Published anchors for one GPU (ResNet-50 training, mixed precision): about 2,470 images/s on
+# an A100 in PyTorch (NVIDIA Deep Learning Examples) and about 7,900 on an H200 in MLPerf's
+# MXNet code. Exit codes: 0 done, 1 no usable GPU, 2 a run failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+BATCH=${BATCH:-256}
+STEPS=${STEPS:-60}
+WARMUP=${WARMUP:-10}
+COMPILE=${COMPILE:-0}
+NPROC=${NPROC:-1}
+WORKERS=${WORKERS:-4}
+FMNIST_EPOCHS=${FMNIST_EPOCHS:-2}
+OUT=${OUT:-$(mktemp -d -t bigbatch-gpu-XXXXXX)}
+mkdir -p "$OUT"
+
+fail() { echo "gpu.sh: $*" >&2; exit "${2:-1}"; }
+
+# --- a GPU, or a clear no ---------------------------------------------------------------------
+if [ "${CPU_DRY_RUN:-0}" != 1 ]; then
+command -v nvidia-smi >/dev/null 2>&1 || fail "no nvidia-smi on PATH: this is not a CUDA machine"
+nvidia-smi -L >/dev/null 2>&1 || fail "nvidia-smi finds no GPU (driver not loaded?)"
+if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q -e . || fail "pip install -e . failed (no network? install torch first)" 2
+else
+    "$PYTHON" -m pip install -q --no-deps -e . || fail "pip install --no-deps -e . failed" 2
+fi
+"$PYTHON" - <<'EOF' || fail "PyTorch cannot use the GPU (CPU-only build or driver mismatch)"
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit("torch.cuda.is_available() is False")
+print(f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch {torch.__version__}, "
+      f"CUDA {torch.version.cuda}, bf16 supported: {torch.cuda.is_bf16_supported()}")
+EOF
+GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+[ "$NPROC" -le "$GPUS" ] || fail "NPROC=$NPROC but only $GPUS GPU(s) visible"
+fi
+
+EXTRA=()
+for assignment in ${EXTRA_SET:-}; do EXTRA+=(--set "$assignment"); done
+
+launch() {  # launch <run dir> <bigbatch train arguments...>
+    local dir=$1; shift
+    set -- "$@" "${EXTRA[@]}"
+    if [ "$NPROC" -gt 1 ]; then
+        "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" \
+            -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
+    else
+        "$PYTHON" -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
+    fi || { tail -n 30 "$dir.log" >&2; fail "run $dir failed (log: $dir.log)" 2; }
+}
+
+report() {  # report <name> <run dir>: median images/s after the warm-up, data-wait share
+    "$PYTHON" - "$1" "$2" "$WARMUP" <<'EOF'
+import json, statistics, sys
+name, folder, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3])
+records = [json.loads(line) for line in open(f"{folder}/metrics.jsonl")]
+steps = [r for r in records if r["kind"] == "train" and r["step"] > warmup]
+rate = statistics.median(r["images_per_second"] for r in steps)
+evals = [r for r in records if r["kind"] == "eval"]
+top1 = f", test top-1 {evals[-1]['top1']:.2f}%" if evals else ""
+print(f"{name}: {rate:,.0f} images/s (median of {len(steps)} steps; data wait "
+      f"{statistics.median(r['time_data'] for r in steps) * 1000:.1f} ms/step){top1}")
+print(json.dumps({"run": name, "images_per_second": round(rate, 1), "steps": len(steps),
+                  "top1": evals[-1]["top1"] if evals else None}), file=open(f"{folder}.json", "w"))
+EOF
+}
+
+GLOBAL=$((BATCH * NPROC))
+EXAMPLES=$((GLOBAL * (STEPS + WARMUP)))
+RESNET=(--recipe imagenet-resnet50-8k --set data.name=synthetic --set data.image_size=224
+        --set data.synthetic_examples="$EXAMPLES" --set data.workers="$WORKERS"
+        --set global_batch="$GLOBAL" --set micro_batch="$BATCH" --set epochs=1
+        --set schedule.warmup_epochs=0 --set precision=bf16 --set channels_last=true
+        --set log_every=1 --set checkpoint.keep=1)
+
+echo "ResNet-50, synthetic 224x224, batch $BATCH per GPU x $NPROC GPU(s), bf16 + channels_last"
+launch "$OUT/resnet50" "${RESNET[@]}"
+report "resnet50 bf16 channels_last" "$OUT/resnet50"
+if [ "$COMPILE" = 1 ]; then
+    launch "$OUT/resnet50-compile" "${RESNET[@]}" --set compile=true
+    report "resnet50 bf16 channels_last compile" "$OUT/resnet50-compile"
+fi
+
+echo "Fashion-MNIST, default recipe, $FMNIST_EPOCHS epochs, bf16 + channels_last"
+launch "$OUT/fashion-mnist" --set epochs="$FMNIST_EPOCHS" \
+    --set precision=bf16 --set channels_last=true --set log_every=1
+report "fashion-mnist default recipe" "$OUT/fashion-mnist"
+
+"$PYTHON" - "$OUT" "$NPROC" "$BATCH" <<'EOF'
+import datetime, glob, json, subprocess, sys, torch
+out, nproc, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                        text=True).stdout.strip() or None
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU dry run)"
+record = {"benchmark": "train_throughput", "suite": "gpu", "gpu": gpu, "gpus": nproc,
+          "batch_per_gpu": batch, "torch": torch.__version__, "cuda": torch.version.cuda,
+          "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+          "runs": [json.load(open(path)) for path in sorted(glob.glob(f"{out}/*.json"))],
+          "anchors_images_per_second_one_gpu": {"A100 PyTorch mixed precision": 2470,
+                                                "H200 MLPerf MXNet": 7900}}
+with open("docs/results/train_throughput.jsonl" if torch.cuda.is_available()
+          else f"{out}/dry-run.jsonl", "a") as file:
+    file.write(json.dumps(record) + "\n")
+print(json.dumps(record))
+EOF
+echo "runs and logs in $OUT"
