@@ -103,6 +103,8 @@ def machine_info(threads: int, device: torch.device) -> dict[str, object]:
         "cpu_count": os.cpu_count(), "cpu": cpu_model(), "torch_threads": threads,
         "torch": torch.__version__, "timm": timm.__version__, "device": str(device),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        # Other processes' load skews the timings; record it (1-minute average, end of run).
+        "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
