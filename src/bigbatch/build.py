@@ -132,6 +132,7 @@ def optimizer_for(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
         clip=o.clip,
         nesterov=o.nesterov,
         exclude_bn_and_bias=o.exclude_bn_and_bias,
+        fused_compile=o.fused_compile,
     )
 
 

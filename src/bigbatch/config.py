@@ -63,6 +63,7 @@ class OptimConfig:
     eps: float = 0.0
     clip: bool = False
     exclude_bn_and_bias: bool = True
+    fused_compile: bool = False  # LARS update through torch.compile: faster steps, slow first one
 
 
 @dataclass

@@ -27,19 +27,22 @@ def build_optimizer(
     clip: bool = False,
     nesterov: bool = False,
     exclude_bn_and_bias: bool = True,
+    fused_compile: bool = False,
 ) -> torch.optim.Optimizer:
     """The optimizer ``name`` ("lars" or "sgd") over :func:`parameter_groups` of ``model``.
 
     Both get the same groups, so with ``exclude_bn_and_bias`` the BN/bias group has no weight
     decay under SGD too. "sgd" is ``torch.optim.SGD(foreach=True)`` (LR outside the momentum
     buffer, PyTorch style; trust_coefficient, eps and clip do not apply). ``lr`` is the initial
-    LR: the training loop sets ``group["lr"]`` from the schedule every step.
+    LR: the training loop sets ``group["lr"]`` from the schedule every step. ``fused_compile``
+    runs the LARS update through torch.compile (faster per step, a one-off compile first).
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; choose one of: " + ", ".join(OPTIMIZERS))
     groups = parameter_groups(model, weight_decay, exclude_bn_and_bias)
     if name == "lars":
         return LARS(groups, lr, momentum=momentum, weight_decay=weight_decay,
-                    trust_coefficient=trust_coefficient, eps=eps, clip=clip, nesterov=nesterov)
+                    trust_coefficient=trust_coefficient, eps=eps, clip=clip, nesterov=nesterov,
+                    fused_compile=fused_compile)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
                            nesterov=nesterov, foreach=True)
