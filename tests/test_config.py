@@ -112,3 +112,16 @@ def test_set_requires_key_value():
 def test_section_must_be_mapping():
     with pytest.raises(ConfigError, match="'optim' must be a mapping"):
         config_from_dict({"optim": 3})
+
+
+def test_model_flag_starts_from_the_new_models_defaults():
+    from bigbatch.cli import build_parser, overrides_from_flags
+
+    args = build_parser().parse_args(["train", "--model", "resnet18", "--set", "seed=1"])
+    cfg = resolve_config(overrides=overrides_from_flags(args) + args.overrides)
+    assert cfg.model.name == "resnet18" and cfg.model.options == {}
+    args = build_parser().parse_args(["train", "--model", "small_cnn", "--set",
+                                      "model.options.width=8"])
+    cfg = resolve_config(overrides=overrides_from_flags(args) + args.overrides)
+    assert cfg.model.options == {"width": 8}
+    assert resolve_config().model.options == {"width": 24}  # the recipe's own options otherwise

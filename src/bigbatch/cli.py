@@ -187,7 +187,9 @@ def setup_logging(verbose: bool) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> list[str]:
-    assignments = []
+    # A recipe's model options belong to its model: --model starts from the new model's defaults
+    # (options given with --set still apply, they come after these).
+    assignments = ["model.options={}"] if args.model is not None else []
     for flag, (key, _, _) in TRAIN_FLAGS.items():
         value = getattr(args, flag)
         if value is not None:
