@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from bigbatch import engine
+from bigbatch.build import autocast_dtype_for, has_native_bf16
 from bigbatch.config import config_from_dict, validate
 from bigbatch.data import build_datasets
 from bigbatch.data.pack import pack_imagefolder
@@ -156,6 +157,30 @@ def test_precision_sets_the_autocast_dtype(precision, dtype, monkeypatch, tmp_pa
     # Parameters (the master copy LARS updates) stay fp32 under autocast.
     assert all(p.dtype == torch.float32 for p in probe.model.parameters())
     assert torch.isfinite(torch.tensor(summary["val_loss"]))
+
+
+ZEN4_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
+SKYLAKE_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    cpu = torch.device("cpu")
+    assert has_native_bf16(cpu, ZEN4_FLAGS)
+    assert has_native_bf16(cpu, "flags : avx2 amx_bf16 amx_tile\n")
+    assert not has_native_bf16(cpu, SKYLAKE_FLAGS)  # AVX-512 without BF16: emulated
+    assert not has_native_bf16(cpu, "processor : 0\n")
+
+
+@pytest.mark.parametrize(("precision", "native", "expected"), [
+    ("auto", True, torch.bfloat16), ("auto", False, None),
+    ("bf16", False, torch.bfloat16), ("fp32", True, None),
+])
+def test_auto_precision_is_bf16_only_on_native_hardware(precision, native, expected, monkeypatch):
+    import bigbatch.build as build
+
+    monkeypatch.setattr(build, "has_native_bf16", lambda device: native)
+    cfg = validate(config_from_dict({"precision": precision}))
+    assert autocast_dtype_for(cfg, torch.device("cpu")) is expected
 
 
 def test_threads_option_applies_during_training_and_is_restored(monkeypatch, tmp_path):

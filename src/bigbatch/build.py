@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -134,6 +135,37 @@ def optimizer_for(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
         exclude_bn_and_bias=o.exclude_bn_and_bias,
         fused_compile=o.fused_compile,
     )
+
+
+# CPU flags of hardware bf16 dot products (AVX512-BF16, AMX); without them bf16 is emulated.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def has_native_bf16(device: torch.device, cpuinfo: str | None = None) -> bool:
+    """Whether ``device`` computes bf16 matrix products in hardware: CUDA compute capability 8.0+
+    (Ampere on), or a CPU whose /proc/cpuinfo flags list AVX512-BF16 or AMX-BF16 (Linux; other
+    systems report False)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    if device.type != "cpu":
+        return False
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags")), [])
+    return any(flag in flags for flag in NATIVE_BF16_CPU_FLAGS)
+
+
+def autocast_dtype_for(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of the run (None: fp32 throughout). ``precision: auto`` is bf16 where
+    the device has native bf16 (ResNet-50 on an AVX512-BF16 CPU: 2.5x fp32, docs/PERFORMANCE.md)
+    and fp32 elsewhere, where emulated bf16 would be slower."""
+    if cfg.precision == "bf16" or (cfg.precision == "auto" and has_native_bf16(device)):
+        return torch.bfloat16
+    return None
 
 
 def workers_for(cfg: RunConfig, ctx: DistContext) -> int:

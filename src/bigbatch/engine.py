@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bigbatch import checkpoint
 from bigbatch.bn_stats import PerStepRunningStats
 from bigbatch.build import (
+    autocast_dtype_for,
     datasets_for,
     model_for,
     optimizer_for,
@@ -101,7 +102,10 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     forward = torch.compile(network) if cfg.compile else network
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
     bn_stats = PerStepRunningStats(model, plan.accumulation_steps)
-    autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
+    autocast_dtype = autocast_dtype_for(cfg, ctx.device)
+    if cfg.precision == "auto" and ctx.is_main:
+        log.info("precision auto: %s",
+                 "bf16 autocast" if autocast_dtype else "fp32 (no native bf16 here)")
     workers = workers_for(cfg, ctx)
     fault = fault_from_env()
     stop = StopRequest().install()
@@ -333,7 +337,7 @@ def evaluate_and_log(
     cfg, ctx, model, val_set, workers, metrics, position, plan
 ) -> dict[str, float]:
     average_buffers(model, ctx)
-    autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
+    autocast_dtype = autocast_dtype_for(cfg, ctx.device)
     result = evaluate(
         model, val_set, ctx, cfg.micro_batch, workers, cfg.channels_last, autocast_dtype
     )
