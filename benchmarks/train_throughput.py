@@ -67,6 +67,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     append_result,
+    git_commit,
     interleaved_rounds,
     load_average,
     machine_info,
@@ -512,6 +513,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("bigbatch").setLevel(logging.WARNING)
     records = []
+    # In-process suites run the code imported now; later commits by others would mislabel them.
+    commit_at_start = git_commit()
     with tempfile.TemporaryDirectory(prefix="train-throughput-") as tmp:
         root = Path(tmp)
         for suite in args.suites.split(","):
@@ -534,7 +537,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                           **workload_description(args, suite, workload),
                           "warmup_steps": args.warmup, "timed_steps": args.steps,
                           "rounds": args.rounds, **result, "load_before": load_before,
-                          "load_after": load_average(), "machine": machine_info()}
+                          "load_after": load_average(), "commit_at_start": commit_at_start,
+                          "machine": machine_info()}
                 print(json.dumps(record), flush=True)
                 if not args.no_save:
                     append_result(RESULT_NAME, record)
