@@ -35,6 +35,10 @@ TINY = [
     "model.options.width=8",
     "--set",
     "eval_every=100",
+    "--set",
+    "channels_last=false",
+    "--set",
+    "precision=fp32",
 ]
 
 
