@@ -324,11 +324,13 @@ def workload_batch(args: argparse.Namespace, workload: str) -> int:
     return args.batch if workload == "resnet50" else args.recipe_batch
 
 
+# Every variant names both settings: a recipe's own values must not leak into the reference.
+REFERENCE_OPTIONS = {"precision": "fp32", "channels_last": False, "compile": False}
 OPTION_VARIANTS: dict[str, dict[str, Any]] = {
-    "fp32": {},
-    "channels_last": {"channels_last": True},
-    "bf16": {"precision": "bf16"},
-    "bf16_channels_last": {"precision": "bf16", "channels_last": True},
+    "fp32": REFERENCE_OPTIONS,
+    "channels_last": {**REFERENCE_OPTIONS, "channels_last": True},
+    "bf16": {**REFERENCE_OPTIONS, "precision": "bf16"},
+    "bf16_channels_last": {**REFERENCE_OPTIONS, "precision": "bf16", "channels_last": True},
 }
 
 
@@ -340,12 +342,14 @@ def options_suite(args: argparse.Namespace, workload: str, root: Path) -> dict[s
                                  lambda out, o=options: make(args, out, **o), root, name,
                                  args.warmup)
     if torch.get_num_threads() > 1:
-        methods["one_thread"] = measured(engine_images_per_second, lambda out: make(args, out),
+        methods["one_thread"] = measured(engine_images_per_second,
+                                         lambda out: make(args, out, **REFERENCE_OPTIONS),
                                          root, "one_thread", args.warmup, threads=1)
     if args.compile:
-        methods["compile"] = measured(engine_images_per_second,
-                                      lambda out: make(args, out, compile=True), root, "compile",
-                                      args.warmup)
+        methods["compile"] = measured(
+            engine_images_per_second,
+            lambda out: make(args, out, **{**REFERENCE_OPTIONS, "compile": True}), root,
+            "compile", args.warmup)
     per_round = interleaved_rounds(methods, args.rounds)
     result = summarise(per_round, "fp32")
     if workload == "recipe":
@@ -543,7 +547,9 @@ def workload_description(args: argparse.Namespace, suite: str, workload: str) ->
     if workload == "resnet50":
         return {"model": "resnet50", "data": f"synthetic {args.image_size}x{args.image_size}",
                 "global_batch": args.batch, "micro_batch": args.micro_batch}
-    return {"model": "small_resnet (default recipe)", "data": "Fashion-MNIST 28x28",
+    model = load_recipe("fashion-mnist")["model"]
+    return {"model": f"{model['name']} {model.get('options', {})} (default recipe)",
+            "data": "Fashion-MNIST 28x28",
             "global_batch": args.recipe_batch, "micro_batch": args.recipe_micro_batch}
 
 
