@@ -500,7 +500,8 @@ def threads_probe(steps: int) -> float:
     from bigbatch.optim import LARS
 
     torch.manual_seed(0)
-    model = create_model("small_resnet", 10, 1)
+    spec = load_recipe("fashion-mnist")["model"]
+    model = create_model(spec["name"], 10, 1, **spec.get("options", {}))
     optimizer = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     images, labels = torch.randn(THREADS_BATCH, 1, 28, 28), torch.randint(0, 10, (THREADS_BATCH,))
     rates = []
@@ -542,7 +543,9 @@ def workload_description(args: argparse.Namespace, suite: str, workload: str) ->
                 f"RandomResizedCrop({args.image_size})+flip, {args.workers} loader worker(s)",
                 "global_batch": args.batch, "micro_batch": args.micro_batch}
     if suite == "threads":
-        return {"model": "small_resnet (default recipe)", "data": "random 1x28x28 tensors",
+        model = load_recipe("fashion-mnist")["model"]
+        return {"model": f"{model['name']} {model.get('options', {})} (default recipe)",
+                "data": "random 1x28x28 tensors",
                 "global_batch": THREADS_BATCH, "micro_batch": THREADS_BATCH}
     if workload == "resnet50":
         return {"model": "resnet50", "data": f"synthetic {args.image_size}x{args.image_size}",
