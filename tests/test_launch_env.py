@@ -1,8 +1,12 @@
 """Rank, world size and master address come from torchrun's or SLURM's environment."""
 
-import pytest
+from datetime import timedelta
 
-from bigbatch.distributed import first_slurm_host, launch_env
+import pytest
+import torch.distributed as dist
+from launch import free_port
+
+from bigbatch.distributed import elastic_attempt_store, first_slurm_host, launch_env
 from bigbatch.errors import ConfigError
 from bigbatch.faults import Fault, fault_from_env
 
@@ -72,3 +76,27 @@ def test_fault_spec_parsing():
     assert fault_from_env(restarted) is None
     with pytest.raises(ConfigError, match="KIND:step=N"):
         fault_from_env({"BIGBATCH_FAULT": "explode:step=1"})
+
+
+def test_each_elastic_restart_gets_its_own_keys(monkeypatch):
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, world_size=1, is_master=True)
+    env = launch_env(
+        {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    stores = []
+    for attempt in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+        stores.append(elastic_attempt_store(env, timedelta(seconds=10)))
+    stores[0].set("rank_1", "address of a process that has died")
+    stores[1].set("rank_1", "address of its replacement")
+    assert stores[0].get("rank_1") == b"address of a process that has died"
+    assert stores[1].get("rank_1") == b"address of its replacement"
+    assert server.num_keys() >= 2
+
+
+def test_without_the_agent_store_the_process_group_uses_env(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    env = launch_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert elastic_attempt_store(env, timedelta(seconds=1)) is None

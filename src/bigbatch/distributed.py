@@ -115,15 +115,42 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Di
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
     if not dist.is_initialized():
+        timeout = timedelta(minutes=timeout_minutes)
         dist.init_process_group(
             backend=chosen,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(minutes=timeout_minutes),
+            timeout=timeout,
+            store=elastic_attempt_store(env, timeout),
             device_id=device if chosen == "nccl" else None,
         )
     log.debug("rank %d/%d joined (%s, %s)", env.rank, env.world_size, chosen, env.launcher)
     return DistContext(env.rank, env.world_size, env.local_rank, chosen, device)
+
+
+def elastic_attempt_store(env: LaunchEnv, timeout: timedelta) -> dist.Store | None:
+    """The agent's store under a prefix for this restart attempt, or None to use env://.
+
+    torchrun's c10d rendezvous keeps one store server alive across restarts
+    (TORCHELASTIC_USE_AGENT_STORE). The process group's keys (each rank's gloo address) are the
+    same in every attempt, so after a restart a rank can read a dead peer's address from the
+    attempt before and fail ("Connection refused") or hang. Keying the process group by the
+    restart count keeps attempts apart. Every agent restarts together after a worker failure, so
+    the count agrees across nodes; when nodes join or leave an elastic job mid-run their counts
+    can differ: launch such jobs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per
+    attempt, and this function steps aside).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.master_port is None:
+        return None
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    agent_store = dist.TCPStore(
+        env.master_addr or "127.0.0.1",
+        env.master_port,
+        world_size=env.world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"bigbatch/attempt-{attempt}", agent_store)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:
