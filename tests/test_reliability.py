@@ -78,6 +78,16 @@ def test_elastic_restart_after_a_rank_crash(uninterrupted_two_processes, tmp_pat
     assert summary(out)["steps"] == 8
 
 
+def test_time_based_checkpoints_agree_across_ranks(tmp_path):
+    # A checkpoint is a collective; each rank's clock votes and the votes are summed with the
+    # step's statistics, so both ranks save after the same steps (here: after every step).
+    out = tmp_path / "run"
+    every_step = ["--set", "checkpoint.every_minutes=0.0001", "--set", "checkpoint.keep=100"]
+    run_bigbatch(["train", *TINY, *every_step, "--out", str(out)], nproc=2, timeout=120)
+    saved = [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")]
+    assert saved == [checkpoint.checkpoint_name(step) for step in range(1, 9)]
+
+
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 2)])
 def test_resume_on_a_different_number_of_processes(uninterrupted, tmp_path, first, second):
     out = tmp_path / "run"

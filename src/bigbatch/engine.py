@@ -104,8 +104,10 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     bn_stats = PerStepRunningStats(model, plan.accumulation_steps)
     autocast_dtype = autocast_dtype_for(cfg, ctx.device)
     if cfg.precision == "auto" and ctx.is_main:
-        log.info("precision auto: %s",
-                 "bf16 autocast" if autocast_dtype else "fp32 (no native bf16 here)")
+        log.info(
+            "precision auto: %s",
+            "bf16 autocast" if autocast_dtype else "fp32 (no native bf16 here)",
+        )
     workers = workers_for(cfg, ctx)
     fault = fault_from_env()
     stop = StopRequest().install()
@@ -169,17 +171,21 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
             seen += labels.numel()
         bn_stats.end_step()
 
-        # One reduction carries the loss, the example count and the two stop conditions, so
-        # every rank takes the same decision after the same step.
+        # One reduction carries the loss, the example count, the two stop conditions and the
+        # time-based checkpoint vote, so every rank takes the same decisions after the same step
+        # (ranks' clocks differ; a checkpoint is a collective).
+        clock_vote = clock_says_checkpoint(cfg, last_checkpoint)
         flags = torch.stack(
             [
                 loss_sum,
                 seen,
                 nonfinite_gradients(model),
                 torch.tensor(float(stop.requested), device=ctx.device),
+                torch.tensor(float(clock_vote), device=ctx.device),
             ]
         )
-        total_loss, total_seen, nonfinite, stop_votes = all_reduce_sum(flags, ctx).tolist()
+        reduced = all_reduce_sum(flags, ctx).tolist()
+        total_loss, total_seen, nonfinite, stop_votes, clock_votes = reduced
         mean_loss = total_loss / max(total_seen, 1.0)
         if nonfinite or not math.isfinite(mean_loss):
             bn_stats.rollback()
@@ -220,12 +226,7 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
         finished = position.step == total_steps
         if (epoch_done and (epoch + 1) % cfg.eval_every == 0) or finished:
             last_eval = evaluate_and_log(cfg, ctx, model, val_set, workers, metrics, position, plan)
-        if (
-            epoch_done
-            or finished
-            or checkpoint_due(cfg, position.step, last_checkpoint)
-            or stop_votes
-        ):
+        if epoch_done or finished or checkpoint_due(cfg, position.step, clock_votes) or stop_votes:
             save_checkpoint(cfg, ctx, run_dir, model, optimizer, position, fault)
             last_checkpoint = time.monotonic()
         if stop_votes:
@@ -325,12 +326,16 @@ def progress_bar(ctx: DistContext, total: int, done: int):
     return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True)
 
 
-def checkpoint_due(cfg: RunConfig, step: int, last_saved: float) -> bool:
-    every = cfg.checkpoint.every_steps
+def clock_says_checkpoint(cfg: RunConfig, last_saved: float) -> bool:
+    """This rank's vote for a time-based checkpoint (`checkpoint.every_minutes`)."""
     minutes = cfg.checkpoint.every_minutes
-    if every and step % every == 0:
-        return True
     return bool(minutes) and time.monotonic() - last_saved >= 60.0 * minutes
+
+
+def checkpoint_due(cfg: RunConfig, step: int, clock_votes: float) -> bool:
+    """Due by step count, or because any rank's clock says so (the votes are summed)."""
+    every = cfg.checkpoint.every_steps
+    return bool(every and step % every == 0) or clock_votes > 0
 
 
 def evaluate_and_log(
