@@ -74,8 +74,7 @@ def test_flat_network_uses_the_plain_formulas():
 
 
 def test_hierarchical_allreduce_is_intra_ring_plus_ring_over_nodes():
-    network = Network(alpha=1e-5, beta=1e-9, devices_per_node=4, intra_alpha=1e-6,
-                      intra_beta=1e-10)
+    network = Network(alpha=1e-5, beta=1e-9, devices_per_node=4, intra_alpha=1e-6, intra_beta=1e-10)
     n = 1e8
     # 8 devices = 2 nodes of 4: ring of 4 on the node links + ring of 2 over the nodes.
     expected = (6 * 1e-6 + 1.5 * n * 1e-10) + (2 * 1e-5 + 1.0 * n * 1e-9)
@@ -86,8 +85,9 @@ def test_hierarchical_allreduce_is_intra_ring_plus_ring_over_nodes():
 
 def test_step_estimate_by_hand():
     # B=64 on 2 devices at 32 images/s: compute 1 s; 4000-byte gradient; alpha 0.1, beta 1e-4.
-    workload = Workload("toy", parameters=1000, forward_flops=1e6, dataset_size=640,
-                        epochs=3, global_batch=64)
+    workload = Workload(
+        "toy", parameters=1000, forward_flops=1e6, dataset_size=640, epochs=3, global_batch=64
+    )
     row = estimate_step(workload, 32.0, Network(alpha=0.1, beta=1e-4), 2, overlap=0.5)
     assert row.compute == pytest.approx(1.0)
     assert row.allreduce == pytest.approx(0.2 + 0.4)
@@ -100,8 +100,9 @@ def test_step_estimate_by_hand():
     assert row.efficiency == pytest.approx(1.0 / row.step)
     # Full overlap hides all of it; none hides nothing.
     assert estimate_step(workload, 32.0, Network(0.1, 1e-4), 2, overlap=1.0).exposed == 0.0
-    assert estimate_step(workload, 32.0, Network(0.1, 1e-4), 2, overlap=0.0).exposed == \
-        pytest.approx(0.6)
+    assert estimate_step(
+        workload, 32.0, Network(0.1, 1e-4), 2, overlap=0.0
+    ).exposed == pytest.approx(0.6)
 
 
 def test_bf16_gradients_halve_the_bytes():
@@ -141,8 +142,9 @@ def test_table_stops_where_a_device_would_get_less_than_one_image():
 
 
 def test_target_gives_the_fewest_devices_that_meet_it():
-    workload = Workload("toy", parameters=25_000_000, forward_flops=8e9, epochs=90,
-                        global_batch=32768)
+    workload = Workload(
+        "toy", parameters=25_000_000, forward_flops=8e9, epochs=90, global_batch=32768
+    )
     network = Network(alpha=1e-6, beta=8.0 / 100e9)
     answer = devices_for_target(workload, 100.0, network, target_seconds=3600.0)
     assert answer.met and answer.estimate.total <= 3600.0
@@ -151,8 +153,7 @@ def test_target_gives_the_fewest_devices_that_meet_it():
     power = answer.smallest_power_of_two
     assert power is not None and power.devices >= answer.estimate.devices
     assert math.log2(power.devices).is_integer()
-    impossible = devices_for_target(workload, 100.0, network, target_seconds=1.0,
-                                    max_devices=256)
+    impossible = devices_for_target(workload, 100.0, network, target_seconds=1.0, max_devices=256)
     assert not impossible.met and impossible.estimate.devices <= 256
 
 
@@ -174,8 +175,11 @@ def test_presets_load_with_sourced_figures():
 
 def test_paper_runs_carry_the_reported_times():
     reported = {(r.model, r.devices, r.global_batch): r.reported_minutes for r in PAPER_RUNS}
-    assert reported == {("alexnet", 1024, 32768): 11.0, ("resnet50", 2048, 32768): 20.0,
-                        ("resnet50", 256, 8192): 60.0}
+    assert reported == {
+        ("alexnet", 1024, 32768): 11.0,
+        ("resnet50", 2048, 32768): 20.0,
+        ("resnet50", 256, 8192): 60.0,
+    }
     assert all(r.preset in PRESETS for r in PAPER_RUNS)
 
 
@@ -195,34 +199,83 @@ def test_paper_command_prints_prediction_next_to_reported(capsys):
 
 
 def test_plan_command_breakdown_table_and_target(capsys):
-    out = run([*TOY, "--device-images-per-second", "1000", "--alpha", "1e-5",
-               "--bandwidth-gbit", "1", "--batch-size", "4096", "--devices", "8",
-               "--target-minutes", "60", "--json"], capsys)
+    out = run(
+        [
+            *TOY,
+            "--device-images-per-second",
+            "1000",
+            "--alpha",
+            "1e-5",
+            "--bandwidth-gbit",
+            "1",
+            "--batch-size",
+            "4096",
+            "--devices",
+            "8",
+            "--target-minutes",
+            "60",
+            "--json",
+        ],
+        capsys,
+    )
     plan = json.loads(out)
     assert plan["detail"]["devices"] == 8
     assert plan["detail"]["compute"] == pytest.approx(4096 / 8 / 1000)
     assert plan["network"]["beta"] == pytest.approx(8e-9)
     assert [row["devices"] for row in plan["table"]] == power_of_two_counts(4096)
     assert plan["target"]["met"]
-    text = run([*TOY, "--device-images-per-second", "1000", "--alpha", "1e-5", "--beta", "8e-9",
-                "--batch-size", "4096", "--devices", "8"], capsys)
+    text = run(
+        [
+            *TOY,
+            "--device-images-per-second",
+            "1000",
+            "--alpha",
+            "1e-5",
+            "--beta",
+            "8e-9",
+            "--batch-size",
+            "4096",
+            "--devices",
+            "8",
+        ],
+        capsys,
+    )
     assert "scaling efficiency" in text and "time to train" in text
 
 
 def test_plan_reads_alpha_beta_from_the_allreduce_bench(tmp_path, capsys):
     path = tmp_path / "ar.json"
-    path.write_text(json.dumps({"world_size": 2, "fit": {"alpha_s": 2e-4,
-                                                         "beta_s_per_byte": 1e-9}}))
+    path.write_text(
+        json.dumps({"world_size": 2, "fit": {"alpha_s": 2e-4, "beta_s_per_byte": 1e-9}})
+    )
     network = network_from_allreduce_json(path)
     assert (network.alpha, network.beta, network.topology) == (2e-4, 1e-9, "ring")
-    plan = json.loads(run([*TOY, "--device-images-per-second", "50", "--allreduce-json",
-                           str(path), "--json"], capsys))
+    plan = json.loads(
+        run(
+            [*TOY, "--device-images-per-second", "50", "--allreduce-json", str(path), "--json"],
+            capsys,
+        )
+    )
     assert plan["network"]["alpha"] == 2e-4
 
 
 def test_plan_with_a_registered_model_and_a_preset(capsys):
-    plan = json.loads(run(["--model", "resnet50", "--preset", "a100-dgx", "--epochs", "90",
-                           "--target-minutes", "30", "--json"], capsys))
+    plan = json.loads(
+        run(
+            [
+                "--model",
+                "resnet50",
+                "--preset",
+                "a100-dgx",
+                "--epochs",
+                "90",
+                "--target-minutes",
+                "30",
+                "--json",
+            ],
+            capsys,
+        )
+    )
     assert 25_000_000 < plan["workload"]["parameters"] < 26_000_000
     assert plan["throughput"]["images_per_second"] == 2470.0
     assert plan["target"]["met"] and plan["target"]["estimate"]["total"] <= 1800.0
@@ -235,26 +288,83 @@ def test_models_without_a_figure_are_flop_scaled_and_flagged(capsys):
     assert throughput["images_per_second"] > 2470.0  # ResNet-18 is cheaper than ResNet-50
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--preset", "nope", *TOY], "unknown preset"),
-    ([*TOY, "--device-images-per-second", "10"], "no network"),
-    ([*TOY, "--alpha", "1e-6", "--beta", "1e-9"], "no device throughput"),
-    ([*TOY, "--device-images-per-second", "10", "--alpha", "1e-6", "--beta", "1e-9",
-      "--overlap", "1.5"], "overlap"),
-    ([*TOY, "--device-images-per-second", "-1", "--alpha", "1e-6", "--beta", "1e-9"],
-     "positive"),
-    ([*TOY, "--device-images-per-second", "10", "--alpha", "-1", "--beta", "1e-9"], "alpha"),
-    ([*TOY, "--device-images-per-second", "10", "--alpha", "1e-6", "--beta", "1e-9",
-      "--devices", "0"], "at least 1"),
-    (["--params", "1000", "--device-images-per-second", "10", "--alpha", "0", "--beta", "0"],
-     "--params and --flops"),
-    ([*TOY, "--device-images-per-second", "10", "--allreduce-json", "/nonexistent.json"],
-     "does not exist"),
-    ([*TOY, "--device-images-per-second", "10", "--alpha", "1e-6", "--beta", "1e-9",
-      "--target-minutes", "0"], "target"),
-    ([*TOY, "--device-images-per-second", "10", "--alpha", "1e-6", "--beta", "1e-9",
-      "--epochs", "0"], "epochs"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "nope", *TOY], "unknown preset"),
+        ([*TOY, "--device-images-per-second", "10"], "no network"),
+        ([*TOY, "--alpha", "1e-6", "--beta", "1e-9"], "no device throughput"),
+        (
+            [
+                *TOY,
+                "--device-images-per-second",
+                "10",
+                "--alpha",
+                "1e-6",
+                "--beta",
+                "1e-9",
+                "--overlap",
+                "1.5",
+            ],
+            "overlap",
+        ),
+        (
+            [*TOY, "--device-images-per-second", "-1", "--alpha", "1e-6", "--beta", "1e-9"],
+            "positive",
+        ),
+        ([*TOY, "--device-images-per-second", "10", "--alpha", "-1", "--beta", "1e-9"], "alpha"),
+        (
+            [
+                *TOY,
+                "--device-images-per-second",
+                "10",
+                "--alpha",
+                "1e-6",
+                "--beta",
+                "1e-9",
+                "--devices",
+                "0",
+            ],
+            "at least 1",
+        ),
+        (
+            ["--params", "1000", "--device-images-per-second", "10", "--alpha", "0", "--beta", "0"],
+            "--params and --flops",
+        ),
+        (
+            [*TOY, "--device-images-per-second", "10", "--allreduce-json", "/nonexistent.json"],
+            "does not exist",
+        ),
+        (
+            [
+                *TOY,
+                "--device-images-per-second",
+                "10",
+                "--alpha",
+                "1e-6",
+                "--beta",
+                "1e-9",
+                "--target-minutes",
+                "0",
+            ],
+            "target",
+        ),
+        (
+            [
+                *TOY,
+                "--device-images-per-second",
+                "10",
+                "--alpha",
+                "1e-6",
+                "--beta",
+                "1e-9",
+                "--epochs",
+                "0",
+            ],
+            "epochs",
+        ),
+    ],
+)
 def test_bad_input_is_a_config_error(argv, message, capsys):
     args = parse(argv)
     with pytest.raises(ConfigError, match=message):

@@ -85,8 +85,9 @@ class Network:
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
-            raise ConfigError(f"topology must be one of {', '.join(TOPOLOGIES)}, "
-                              f"got '{self.topology}'")
+            raise ConfigError(
+                f"topology must be one of {', '.join(TOPOLOGIES)}, got '{self.topology}'"
+            )
         for name in ("alpha", "beta", "intra_alpha", "intra_beta"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -113,7 +114,8 @@ def allreduce_seconds(nbytes: float, p: int, network: Network) -> float:
     nodes = math.ceil(p / per_node)
     inside = ring_allreduce_seconds(nbytes, per_node, network.intra_alpha, network.intra_beta)
     across = (ring_allreduce_seconds if network.topology == "ring" else tree_allreduce_seconds)(
-        nbytes, nodes, network.alpha, network.beta)
+        nbytes, nodes, network.alpha, network.beta
+    )
     return inside + across
 
 
@@ -125,8 +127,9 @@ def network_from_preset(preset: HardwarePreset) -> Network:
         topology=spec.topology,
         devices_per_node=spec.devices_per_node,
         intra_alpha=spec.intra_alpha_s.value if spec.intra_alpha_s else 0.0,
-        intra_beta=(8.0 / (spec.intra_bandwidth_gbit.value * 1e9)
-                    if spec.intra_bandwidth_gbit else 0.0),
+        intra_beta=(
+            8.0 / (spec.intra_bandwidth_gbit.value * 1e9) if spec.intra_bandwidth_gbit else 0.0
+        ),
         description=spec.description,
     )
 
@@ -138,14 +141,22 @@ def network_from_allreduce_json(path: str | Path) -> Network:
         fit = record["fit"]
         alpha, beta = float(fit["alpha_s"]), float(fit["beta_s_per_byte"])
     except FileNotFoundError:
-        raise ConfigError(f"all-reduce file {path} does not exist; write one with "
-                          "`bigbatch bench allreduce --out FILE`") from None
+        raise ConfigError(
+            f"all-reduce file {path} does not exist; write one with "
+            "`bigbatch bench allreduce --out FILE`"
+        ) from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-        raise ConfigError(f"{path} is not a `bigbatch bench allreduce` result "
-                          f"(missing or bad fit.alpha_s / fit.beta_s_per_byte: {error})") from None
-    return Network(alpha=alpha, beta=beta, topology="ring",
-                   description=f"fitted by bigbatch bench allreduce on "
-                               f"{record.get('world_size', '?')} processes ({path})")
+        raise ConfigError(
+            f"{path} is not a `bigbatch bench allreduce` result "
+            f"(missing or bad fit.alpha_s / fit.beta_s_per_byte: {error})"
+        ) from None
+    return Network(
+        alpha=alpha,
+        beta=beta,
+        topology="ring",
+        description=f"fitted by bigbatch bench allreduce on "
+        f"{record.get('world_size', '?')} processes ({path})",
+    )
 
 
 # ----------------------------------------------------------------------------- the model
@@ -165,8 +176,12 @@ class Workload:
     gradient_bytes_per_parameter: int = 4
 
     def __post_init__(self) -> None:
-        checks = (("parameters", self.parameters), ("data set size", self.dataset_size),
-                  ("global batch", self.global_batch), ("epochs", self.epochs))
+        checks = (
+            ("parameters", self.parameters),
+            ("data set size", self.dataset_size),
+            ("global batch", self.global_batch),
+            ("epochs", self.epochs),
+        )
         for name, value in checks:
             if not value > 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
@@ -203,8 +218,13 @@ class StepEstimate:
     efficiency: float
 
 
-def estimate_step(workload: Workload, images_per_second: float, network: Network,
-                  devices: int, overlap: float = DEFAULT_OVERLAP) -> StepEstimate:
+def estimate_step(
+    workload: Workload,
+    images_per_second: float,
+    network: Network,
+    devices: int,
+    overlap: float = DEFAULT_OVERLAP,
+) -> StepEstimate:
     """Per-step and end-to-end times for ``devices`` devices (see the module docstring)."""
     if devices < 1:
         raise ConfigError(f"number of devices must be at least 1, got {devices}")
@@ -244,11 +264,19 @@ def power_of_two_counts(largest: int) -> list[int]:
     return counts
 
 
-def scaling_table(workload: Workload, images_per_second: float, network: Network,
-                  counts: list[int], overlap: float = DEFAULT_OVERLAP) -> list[StepEstimate]:
+def scaling_table(
+    workload: Workload,
+    images_per_second: float,
+    network: Network,
+    counts: list[int],
+    overlap: float = DEFAULT_OVERLAP,
+) -> list[StepEstimate]:
     """One estimate per device count, skipping counts with less than one image per device."""
-    return [estimate_step(workload, images_per_second, network, p, overlap)
-            for p in counts if p <= workload.global_batch]
+    return [
+        estimate_step(workload, images_per_second, network, p, overlap)
+        for p in counts
+        if p <= workload.global_batch
+    ]
 
 
 def efficiency_crossover(rows: list[StepEstimate], threshold: float = 0.5) -> int | None:
@@ -267,9 +295,14 @@ class TargetAnswer:
     smallest_power_of_two: StepEstimate | None
 
 
-def devices_for_target(workload: Workload, images_per_second: float, network: Network,
-                       target_seconds: float, overlap: float = DEFAULT_OVERLAP,
-                       max_devices: int = 65536) -> TargetAnswer:
+def devices_for_target(
+    workload: Workload,
+    images_per_second: float,
+    network: Network,
+    target_seconds: float,
+    overlap: float = DEFAULT_OVERLAP,
+    max_devices: int = 65536,
+) -> TargetAnswer:
     """The fewest devices (at most ``max_devices`` and B) that train within ``target_seconds``.
 
     Every integer count is tried, since time to train is not monotone in p once the all-reduce
@@ -287,9 +320,17 @@ def devices_for_target(workload: Workload, images_per_second: float, network: Ne
         if row.total <= target_seconds:
             first = row
             break
-    power = next((row for row in (estimate_step(workload, images_per_second, network, q, overlap)
-                                  for q in power_of_two_counts(largest))
-                  if row.total <= target_seconds), None)
+    power = next(
+        (
+            row
+            for row in (
+                estimate_step(workload, images_per_second, network, q, overlap)
+                for q in power_of_two_counts(largest)
+            )
+            if row.total <= target_seconds
+        ),
+        None,
+    )
     assert best is not None
     return TargetAnswer(target_seconds, first is not None, first or best, power)
 
@@ -304,15 +345,17 @@ class ModelStats:
     image_size: int
 
 
-def model_statistics(name: str, image_size: int | None = None, num_classes: int = 1000,
-                     in_channels: int = 3) -> ModelStats:
+def model_statistics(
+    name: str, image_size: int | None = None, num_classes: int = 1000, in_channels: int = 3
+) -> ModelStats:
     """Parameter count and forward FLOPs (2 x MACs) of a registered model at an image size."""
     try:
         from bigbatch.models import create_model, model_spec
         from bigbatch.models.flops import count_parameters, forward_flops
     except ImportError as error:
-        raise ConfigError(f"the model registry is not available ({error}); give --params and "
-                          "--flops instead") from None
+        raise ConfigError(
+            f"the model registry is not available ({error}); give --params and --flops instead"
+        ) from None
     try:
         size = image_size or model_spec(name).default_image_size
         model = create_model(name, num_classes, in_channels=in_channels)
@@ -338,8 +381,9 @@ class Throughput:
     estimate: bool
 
 
-def device_throughput(preset: HardwarePreset, model: str, stats: ModelStats,
-                      reference_stats: ModelStats | None) -> Throughput:
+def device_throughput(
+    preset: HardwarePreset, model: str, stats: ModelStats, reference_stats: ModelStats | None
+) -> Throughput:
     """The preset's figure for ``model`` at its default size, else a FLOP-scaled estimate.
 
     A model (or image size) without a published figure gets the reference model's images/s
@@ -352,19 +396,29 @@ def device_throughput(preset: HardwarePreset, model: str, stats: ModelStats,
     base_name = model if figure is not None else preset.device.reference_model
     base = figures.get(base_name)
     if base is None or reference_stats is None:
-        raise ConfigError(f"preset '{preset.name}' has no throughput figure for '{model}' or "
-                          f"'{preset.device.reference_model}'; give --device-images-per-second")
+        raise ConfigError(
+            f"preset '{preset.name}' has no throughput figure for '{model}' or "
+            f"'{preset.device.reference_model}'; give --device-images-per-second"
+        )
     value = base.value * reference_stats.forward_flops / stats.forward_flops
-    source = (f"estimate: {base.value:g} images/s for {base_name} at "
-              f"{reference_stats.image_size} px scaled by forward FLOPs "
-              f"{reference_stats.forward_flops / 1e9:.3g} / {stats.forward_flops / 1e9:.3g} "
-              f"GFLOP ({base.source})")
+    source = (
+        f"estimate: {base.value:g} images/s for {base_name} at "
+        f"{reference_stats.image_size} px scaled by forward FLOPs "
+        f"{reference_stats.forward_flops / 1e9:.3g} / {stats.forward_flops / 1e9:.3g} "
+        f"GFLOP ({base.source})"
+    )
     return Throughput(value, source, True)
 
 
-def measure_images_per_second(model_name: str, batch_size: int = 32,
-                              image_size: int | None = None, steps: int = 5, warmup: int = 2,
-                              num_classes: int = 1000, in_channels: int = 3) -> float:
+def measure_images_per_second(
+    model_name: str,
+    batch_size: int = 32,
+    image_size: int | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    num_classes: int = 1000,
+    in_channels: int = 3,
+) -> float:
     """Training images/s of one process on this machine: median of timed SGD steps on noise."""
     import torch
 
@@ -426,11 +480,18 @@ def paper_predictions(overlap: float = DEFAULT_OVERLAP) -> list[PaperPrediction]
         has_figure = run.model in preset.device.images_per_second
         reference = None if has_figure else stats_of(preset.device.reference_model)
         throughput = device_throughput(preset, run.model, stats, reference)
-        workload = Workload(run.model, stats.parameters, stats.forward_flops, stats.image_size,
-                            epochs=run.epochs, global_batch=run.global_batch)
+        workload = Workload(
+            run.model,
+            stats.parameters,
+            stats.forward_flops,
+            stats.image_size,
+            epochs=run.epochs,
+            global_batch=run.global_batch,
+        )
         network = network_from_preset(preset)
-        estimate = estimate_step(workload, throughput.images_per_second, network, run.devices,
-                                 overlap)
+        estimate = estimate_step(
+            workload, throughput.images_per_second, network, run.devices, overlap
+        )
         predictions.append(PaperPrediction(run, estimate, throughput, network, stats))
     return predictions
 
@@ -451,25 +512,32 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_network(network: Network) -> str:
-    text = (f"{network.description}; {network.topology}, alpha {network.alpha * 1e6:.3g} us, "
-            f"beta {network.beta * 1e9:.4g} ns/byte ({network.bandwidth_gbit:.4g} Gbit/s)")
+    text = (
+        f"{network.description}; {network.topology}, alpha {network.alpha * 1e6:.3g} us, "
+        f"beta {network.beta * 1e9:.4g} ns/byte ({network.bandwidth_gbit:.4g} Gbit/s)"
+    )
     if network.devices_per_node > 1:
         intra = math.inf if network.intra_beta == 0 else 8.0 / network.intra_beta / 1e9
-        text += (f"; {network.devices_per_node} devices per node, intra-node ring at "
-                 f"{intra:.4g} Gbit/s, alpha {network.intra_alpha * 1e6:.3g} us")
+        text += (
+            f"; {network.devices_per_node} devices per node, intra-node ring at "
+            f"{intra:.4g} Gbit/s, alpha {network.intra_alpha * 1e6:.3g} us"
+        )
     return text
 
 
 def format_table(rows: list[StepEstimate], threshold: float = 0.5) -> list[str]:
-    lines = [f"{'devices':>8} {'batch/dev':>10} {'compute':>10} {'all-reduce':>11} "
-             f"{'exposed':>10} {'step':>10} {'to train':>10} {'comm/comp':>10} {'efficiency':>10}"]
+    lines = [
+        f"{'devices':>8} {'batch/dev':>10} {'compute':>10} {'all-reduce':>11} "
+        f"{'exposed':>10} {'step':>10} {'to train':>10} {'comm/comp':>10} {'efficiency':>10}"
+    ]
     for row in rows:
         mark = "  < 50%" if row.efficiency < threshold else ""
         lines.append(
             f"{row.devices:>8} {row.local_batch:>10.4g} {format_seconds(row.compute):>10} "
             f"{format_seconds(row.allreduce):>11} {format_seconds(row.exposed):>10} "
             f"{format_seconds(row.step):>10} {format_seconds(row.total):>10} "
-            f"{row.comm_compute_ratio:>10.3g} {row.efficiency:>9.1%}{mark}")
+            f"{row.comm_compute_ratio:>10.3g} {row.efficiency:>9.1%}{mark}"
+        )
     return lines
 
 
@@ -496,24 +564,40 @@ def format_estimate(row: StepEstimate, overlap: float) -> list[str]:
 def add_plan_command(commands) -> argparse.ArgumentParser:
     """Register ``bigbatch plan`` on argparse sub-parsers."""
     command = commands.add_parser(
-        "plan", help="predict time per step, per epoch and to train on p devices",
+        "plan",
+        help="predict time per step, per epoch and to train on p devices",
         description="Scaling planner: compute + alpha-beta all-reduce model (see "
-                    "docs/results/scaling_planner.md).")
+        "docs/results/scaling_planner.md).",
+    )
     command.add_argument("--model", default="resnet50", help="registered model (default resnet50)")
     command.add_argument("--params", type=int, help="parameter count (instead of the registry's)")
     command.add_argument("--flops", type=float, help="forward FLOPs per image (2 x MACs)")
     command.add_argument("--image-size", type=int, help="image size (default: the model's)")
-    command.add_argument("--dataset-size", type=int, default=IMAGENET_TRAIN_IMAGES,
-                         help=f"training images (default ImageNet, {IMAGENET_TRAIN_IMAGES:,})")
+    command.add_argument(
+        "--dataset-size",
+        type=int,
+        default=IMAGENET_TRAIN_IMAGES,
+        help=f"training images (default ImageNet, {IMAGENET_TRAIN_IMAGES:,})",
+    )
     command.add_argument("--epochs", type=float, default=90.0, help="epochs (default 90)")
-    command.add_argument("--batch-size", "--global-batch", dest="batch_size", type=int,
-                         default=32768, help="global batch B (default 32768)")
+    command.add_argument(
+        "--batch-size",
+        "--global-batch",
+        dest="batch_size",
+        type=int,
+        default=32768,
+        help="global batch B (default 32768)",
+    )
     command.add_argument("--devices", type=int, help="device count for the detailed breakdown")
     command.add_argument("--preset", help=f"hardware preset: {', '.join(PRESETS)}")
-    command.add_argument("--device-images-per-second", type=float,
-                         help="training images/s of one device (overrides the preset's)")
-    command.add_argument("--measure", action="store_true",
-                         help="measure images/s of one process on this machine")
+    command.add_argument(
+        "--device-images-per-second",
+        type=float,
+        help="training images/s of one device (overrides the preset's)",
+    )
+    command.add_argument(
+        "--measure", action="store_true", help="measure images/s of one process on this machine"
+    )
     command.add_argument("--measure-batch", type=int, default=32, help="batch for --measure")
     command.add_argument("--alpha", type=float, help="latency per message, seconds")
     command.add_argument("--beta", type=float, help="seconds per byte of one link")
@@ -521,19 +605,38 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
     command.add_argument("--topology", choices=TOPOLOGIES, help="all-reduce algorithm")
     command.add_argument("--devices-per-node", type=int, help="devices sharing a node")
     command.add_argument("--allreduce-json", help="alpha and beta from `bigbatch bench allreduce`")
-    command.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP,
-                         help=f"fraction of backward that can hide communication (default "
-                              f"{DEFAULT_OVERLAP})")
-    command.add_argument("--precision", choices=tuple(GRADIENT_BYTES), default="fp32",
-                         help="gradient precision on the wire (default fp32)")
-    command.add_argument("--table-max", type=int, default=4096,
-                         help="largest device count in the table (default 4096)")
-    command.add_argument("--target-minutes", type=float,
-                         help="find the fewest devices that train within this time")
-    command.add_argument("--max-devices", type=int, default=65536,
-                         help="search limit for --target-minutes (default 65536)")
-    command.add_argument("--paper", action="store_true",
-                         help="the paper's configurations next to their reported times")
+    command.add_argument(
+        "--overlap",
+        type=float,
+        default=DEFAULT_OVERLAP,
+        help=f"fraction of backward that can hide communication (default {DEFAULT_OVERLAP})",
+    )
+    command.add_argument(
+        "--precision",
+        choices=tuple(GRADIENT_BYTES),
+        default="fp32",
+        help="gradient precision on the wire (default fp32)",
+    )
+    command.add_argument(
+        "--table-max",
+        type=int,
+        default=4096,
+        help="largest device count in the table (default 4096)",
+    )
+    command.add_argument(
+        "--target-minutes", type=float, help="find the fewest devices that train within this time"
+    )
+    command.add_argument(
+        "--max-devices",
+        type=int,
+        default=65536,
+        help="search limit for --target-minutes (default 65536)",
+    )
+    command.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's configurations next to their reported times",
+    )
     command.add_argument("--list-presets", action="store_true", help="list hardware presets")
     command.add_argument("--json", action="store_true", help="print JSON instead of text")
     command.set_defaults(handler=run_plan)
@@ -573,8 +676,10 @@ def resolve_network(args: argparse.Namespace, preset: HardwarePreset | None) -> 
     elif args.alpha is not None and (args.beta is not None or args.bandwidth_gbit is not None):
         network = Network(alpha=0.0, beta=0.0)
     else:
-        raise ConfigError("no network: give --preset, --allreduce-json, or --alpha with --beta "
-                          "(or --bandwidth-gbit)")
+        raise ConfigError(
+            "no network: give --preset, --allreduce-json, or --alpha with --beta "
+            "(or --bandwidth-gbit)"
+        )
     changes: dict = {}
     if args.alpha is not None:
         changes["alpha"] = args.alpha
@@ -593,20 +698,27 @@ def resolve_network(args: argparse.Namespace, preset: HardwarePreset | None) -> 
     return replace(network, **changes)
 
 
-def resolve_throughput(args: argparse.Namespace, preset: HardwarePreset | None,
-                       stats: ModelStats) -> Throughput:
+def resolve_throughput(
+    args: argparse.Namespace, preset: HardwarePreset | None, stats: ModelStats
+) -> Throughput:
     if args.device_images_per_second is not None:
         if not args.device_images_per_second > 0:
-            raise ConfigError("--device-images-per-second must be positive, got "
-                              f"{args.device_images_per_second}")
+            raise ConfigError(
+                f"--device-images-per-second must be positive, got {args.device_images_per_second}"
+            )
         return Throughput(args.device_images_per_second, "given on the command line", False)
     if args.measure:
         value = measure_images_per_second(args.model, args.measure_batch, stats.image_size)
-        return Throughput(value, f"measured on this machine: one process, batch "
-                                 f"{args.measure_batch}, {stats.image_size} px", False)
+        return Throughput(
+            value,
+            f"measured on this machine: one process, batch "
+            f"{args.measure_batch}, {stats.image_size} px",
+            False,
+        )
     if preset is None:
-        raise ConfigError("no device throughput: give --preset, --device-images-per-second or "
-                          "--measure")
+        raise ConfigError(
+            "no device throughput: give --preset, --device-images-per-second or --measure"
+        )
     figure = preset.device.images_per_second.get(args.model)
     at_default_size = args.params is not None or stats.image_size == default_image_size(args.model)
     if figure is not None and at_default_size:
@@ -627,22 +739,29 @@ def build_plan(args: argparse.Namespace) -> dict:
         stats = ModelStats(args.params, args.flops, args.image_size or 0)
     else:
         stats = model_statistics(args.model, args.image_size)
-    workload = Workload(args.model, stats.parameters, stats.forward_flops, stats.image_size,
-                        dataset_size=args.dataset_size, epochs=args.epochs,
-                        global_batch=args.batch_size,
-                        gradient_bytes_per_parameter=GRADIENT_BYTES[args.precision])
+    workload = Workload(
+        args.model,
+        stats.parameters,
+        stats.forward_flops,
+        stats.image_size,
+        dataset_size=args.dataset_size,
+        epochs=args.epochs,
+        global_batch=args.batch_size,
+        gradient_bytes_per_parameter=GRADIENT_BYTES[args.precision],
+    )
     network = resolve_network(args, preset)
     throughput = resolve_throughput(args, preset, stats)
     rate = throughput.images_per_second
-    rows = scaling_table(workload, rate, network, power_of_two_counts(args.table_max),
-                         args.overlap)
+    rows = scaling_table(workload, rate, network, power_of_two_counts(args.table_max), args.overlap)
     crossover = efficiency_crossover(rows)
-    detail = (estimate_step(workload, rate, network, args.devices, args.overlap)
-              if args.devices else None)
+    detail = (
+        estimate_step(workload, rate, network, args.devices, args.overlap) if args.devices else None
+    )
     target = None
     if args.target_minutes is not None:
-        target = devices_for_target(workload, rate, network, args.target_minutes * 60.0,
-                                    args.overlap, args.max_devices)
+        target = devices_for_target(
+            workload, rate, network, args.target_minutes * 60.0, args.overlap, args.max_devices
+        )
     text = format_plan(workload, throughput, network, args, rows, crossover, detail, target)
     return {
         "workload": asdict(workload),
@@ -657,9 +776,16 @@ def build_plan(args: argparse.Namespace) -> dict:
     }
 
 
-def format_plan(workload: Workload, throughput: Throughput, network: Network,
-                args: argparse.Namespace, rows: list[StepEstimate], crossover: int | None,
-                detail: StepEstimate | None, target: TargetAnswer | None) -> list[str]:
+def format_plan(
+    workload: Workload,
+    throughput: Throughput,
+    network: Network,
+    args: argparse.Namespace,
+    rows: list[StepEstimate],
+    crossover: int | None,
+    detail: StepEstimate | None,
+    target: TargetAnswer | None,
+) -> list[str]:
     flag = "  [ESTIMATE]" if throughput.estimate else ""
     lines = [
         f"model        {workload.model}: {workload.parameters:,} parameters, "
@@ -687,27 +813,37 @@ def format_plan(workload: Workload, throughput: Throughput, network: Network,
         minutes = target.target_seconds / 60.0
         best = target.estimate
         if target.met:
-            lines.append(f"{best.devices} devices train in {format_seconds(best.total)} "
-                         f"(target {minutes:g} min) at {best.efficiency:.1%} efficiency, "
-                         f"{best.local_batch:.4g} images per device")
+            lines.append(
+                f"{best.devices} devices train in {format_seconds(best.total)} "
+                f"(target {minutes:g} min) at {best.efficiency:.1%} efficiency, "
+                f"{best.local_batch:.4g} images per device"
+            )
             if target.smallest_power_of_two is not None:
                 power = target.smallest_power_of_two
-                lines.append(f"smallest power of two: {power.devices} devices, "
-                             f"{format_seconds(power.total)}")
+                lines.append(
+                    f"smallest power of two: {power.devices} devices, {format_seconds(power.total)}"
+                )
         else:
-            lines.append(f"no device count up to {min(args.max_devices, workload.global_batch)} "
-                         f"trains within {minutes:g} min; fastest: {best.devices} devices, "
-                         f"{format_seconds(best.total)}")
+            lines.append(
+                f"no device count up to {min(args.max_devices, workload.global_batch)} "
+                f"trains within {minutes:g} min; fastest: {best.devices} devices, "
+                f"{format_seconds(best.total)}"
+            )
     return lines
 
 
 def format_paper(predictions: list[PaperPrediction], overlap: float) -> list[str]:
     lines = [f"{'configuration':58} {'planner':>9} {'reported':>9} {'ratio':>6}"]
     for item in predictions:
-        lines.append(f"{item.run.label:58} {item.predicted_minutes:>7.1f} m "
-                     f"{item.run.reported_minutes:>7.1f} m {item.ratio:>6.2f}")
-    lines += ["", f"Assumptions: overlap {overlap:g} of backward (= {BACKWARD_SHARE:.3g} of "
-              "compute); steps per epoch floor(N/B); nominal link rates; no data loading."]
+        lines.append(
+            f"{item.run.label:58} {item.predicted_minutes:>7.1f} m "
+            f"{item.run.reported_minutes:>7.1f} m {item.ratio:>6.2f}"
+        )
+    lines += [
+        "",
+        f"Assumptions: overlap {overlap:g} of backward (= {BACKWARD_SHARE:.3g} of "
+        "compute); steps per epoch floor(N/B); nominal link rates; no data loading.",
+    ]
     for item in predictions:
         row = item.estimate
         flag = " [ESTIMATE]" if item.throughput.estimate else ""

@@ -122,8 +122,11 @@ P100 = DevicePreset(
     name="tesla-p100",
     description="NVIDIA Tesla P100 SXM2 (FP32), as in Goyal et al.'s Big Basin servers",
     images_per_second={
-        "resnet50": Figure(195.0, TF_BENCHMARKS_P100 + ": ResNet-50, batch 32 per GPU "
-                           "(the per-GPU batch of Goyal et al.), 195 images/s"),
+        "resnet50": Figure(
+            195.0,
+            TF_BENCHMARKS_P100 + ": ResNet-50, batch 32 per GPU "
+            "(the per-GPU batch of Goyal et al.), 195 images/s",
+        ),
         "alexnet": Figure(2987.0, TF_BENCHMARKS_P100 + ": AlexNet, batch 512, 2987 images/s"),
     },
 )
@@ -132,8 +135,7 @@ A100 = DevicePreset(
     name="a100-80gb",
     description="NVIDIA A100 SXM4 80GB, mixed precision",
     images_per_second={
-        "resnet50": Figure(2470.0, NVIDIA_DLE_A100 + ": mixed precision 2470 images/s "
-                           "(TF32: 938)"),
+        "resnet50": Figure(2470.0, NVIDIA_DLE_A100 + ": mixed precision 2470 images/s (TF32: 938)"),
     },
 )
 
@@ -143,7 +145,8 @@ H100 = DevicePreset(
     images_per_second={
         "resnet50": Figure(
             4940.0,
-            "estimate: 2 x the A100 mixed-precision figure (2470 images/s, " + NVIDIA_DLE_A100
+            "estimate: 2 x the A100 mixed-precision figure (2470 images/s, "
+            + NVIDIA_DLE_A100
             + "); 2x lies between the HBM bandwidth ratio (3.35/2.04 TB/s = 1.6x) and the dense "
             "BF16 peak ratio (989/312 TFLOP/s = 3.2x)",
             estimate=True,
@@ -156,8 +159,11 @@ H100 = DevicePreset(
 OMNI_PATH = NetworkPreset(
     name="omni-path-100",
     description="Intel Omni-Path, 100 Gbit/s per node, fat tree (Stampede2)",
-    alpha_s=Figure(1.0e-6, "estimate: Omni-Path MPI latency is of the order of 1 us "
-                   "(vendor figure)", estimate=True),
+    alpha_s=Figure(
+        1.0e-6,
+        "estimate: Omni-Path MPI latency is of the order of 1 us (vendor figure)",
+        estimate=True,
+    ),
     bandwidth_gbit=Figure(100.0, "Omni-Path link rate, 100 Gbit/s (Stampede2 user guide)"),
 )
 
@@ -165,37 +171,50 @@ BIG_BASIN_ETHERNET = NetworkPreset(
     name="big-basin-50gbe",
     description="Goyal et al.: 8 P100 per server on NVLink; servers on one 50 Gbit/s Ethernet NIC",
     alpha_s=Figure(10.0e-6, "estimate: ~10 us per message over TCP/Ethernet", estimate=True),
-    bandwidth_gbit=Figure(50.0, "Goyal et al. 2017, sec. 5: one Mellanox ConnectX-4 50 Gbit "
-                          "Ethernet card per Big Basin server"),
+    bandwidth_gbit=Figure(
+        50.0,
+        "Goyal et al. 2017, sec. 5: one Mellanox ConnectX-4 50 Gbit "
+        "Ethernet card per Big Basin server",
+    ),
     devices_per_node=8,
     intra_alpha_s=Figure(1.0e-6, "estimate: ~1 us per NVLink step", estimate=True),
-    intra_bandwidth_gbit=Figure(160.0, "estimate: one P100 NVLink link, 20 GB/s per direction "
-                                "(a ring on the hybrid cube mesh uses one link per hop)",
-                                estimate=True),
+    intra_bandwidth_gbit=Figure(
+        160.0,
+        "estimate: one P100 NVLink link, 20 GB/s per direction "
+        "(a ring on the hybrid cube mesh uses one link per hop)",
+        estimate=True,
+    ),
 )
 
 DGX_A100_HDR = NetworkPreset(
     name="dgx-a100-hdr",
     description="DGX A100: 8 GPUs on NVLink3/NVSwitch; 8 x 200 Gbit/s HDR InfiniBand per node",
     alpha_s=Figure(2.0e-6, "estimate: ~2 us per InfiniBand message with NCCL", estimate=True),
-    bandwidth_gbit=Figure(1600.0, "DGX A100 datasheet: 8 x 200 Gbit/s HDR InfiniBand "
-                          "(one per GPU) = 1600 Gbit/s per node"),
+    bandwidth_gbit=Figure(
+        1600.0,
+        "DGX A100 datasheet: 8 x 200 Gbit/s HDR InfiniBand (one per GPU) = 1600 Gbit/s per node",
+    ),
     devices_per_node=8,
     intra_alpha_s=Figure(1.0e-6, "estimate: ~1 us per NVLink step", estimate=True),
-    intra_bandwidth_gbit=Figure(2400.0, "A100 NVLink3: 600 GB/s bidirectional = 300 GB/s "
-                                "per direction per GPU"),
+    intra_bandwidth_gbit=Figure(
+        2400.0, "A100 NVLink3: 600 GB/s bidirectional = 300 GB/s per direction per GPU"
+    ),
 )
 
 DGX_H100_NDR = NetworkPreset(
     name="dgx-h100-ndr",
     description="DGX H100: 8 GPUs on NVLink4/NVSwitch; 8 x 400 Gbit/s NDR InfiniBand per node",
     alpha_s=Figure(2.0e-6, "estimate: ~2 us per InfiniBand message with NCCL", estimate=True),
-    bandwidth_gbit=Figure(3200.0, "DGX H100 datasheet: 8 x 400 Gbit/s NDR InfiniBand "
-                          "(ConnectX-7, one per GPU) = 3200 Gbit/s per node"),
+    bandwidth_gbit=Figure(
+        3200.0,
+        "DGX H100 datasheet: 8 x 400 Gbit/s NDR InfiniBand "
+        "(ConnectX-7, one per GPU) = 3200 Gbit/s per node",
+    ),
     devices_per_node=8,
     intra_alpha_s=Figure(1.0e-6, "estimate: ~1 us per NVLink step", estimate=True),
-    intra_bandwidth_gbit=Figure(3600.0, "H100 NVLink4: 900 GB/s bidirectional = 450 GB/s "
-                                "per direction per GPU"),
+    intra_bandwidth_gbit=Figure(
+        3600.0, "H100 NVLink4: 900 GB/s bidirectional = 450 GB/s per direction per GPU"
+    ),
 )
 
 # ----------------------------------------------------------------------------- presets
@@ -203,23 +222,49 @@ DGX_H100_NDR = NetworkPreset(
 PRESETS: dict[str, HardwarePreset] = {
     preset.name: preset
     for preset in (
-        HardwarePreset("knl-opa", "Stampede2 KNL nodes (the paper's ResNet-50 runs)",
-                       KNL_7250, OMNI_PATH),
-        HardwarePreset("skx-opa", "Stampede2 SKX nodes (the paper's AlexNet runs)",
-                       SKX_8160_NODE, OMNI_PATH),
-        HardwarePreset("p100-goyal", "Goyal et al.'s Big Basin P100 servers",
-                       P100, BIG_BASIN_ETHERNET),
+        HardwarePreset(
+            "knl-opa", "Stampede2 KNL nodes (the paper's ResNet-50 runs)", KNL_7250, OMNI_PATH
+        ),
+        HardwarePreset(
+            "skx-opa", "Stampede2 SKX nodes (the paper's AlexNet runs)", SKX_8160_NODE, OMNI_PATH
+        ),
+        HardwarePreset(
+            "p100-goyal", "Goyal et al.'s Big Basin P100 servers", P100, BIG_BASIN_ETHERNET
+        ),
         HardwarePreset("a100-dgx", "DGX A100 nodes on HDR InfiniBand", A100, DGX_A100_HDR),
         HardwarePreset("h100-dgx", "DGX H100 nodes on NDR InfiniBand", H100, DGX_H100_NDR),
     )
 }
 
 PAPER_RUNS: tuple[PaperRun, ...] = (
-    PaperRun("AlexNet, 100 epochs, batch 32K, 1024 SKX nodes", "alexnet", 100, 32768, 1024,
-             "skx-opa", 11.0, "You et al. ICPP 2018: 11 minutes on 1024 CPUs "
-             "(2048 Xeon Platinum 8160 sockets)"),
-    PaperRun("ResNet-50, 90 epochs, batch 32K, 2048 KNL", "resnet50", 90, 32768, 2048,
-             "knl-opa", 20.0, "You et al. ICPP 2018: 20 minutes on 2048 Xeon Phi 7250"),
-    PaperRun("ResNet-50, 90 epochs, batch 8K, 256 P100 (Goyal et al.)", "resnet50", 90, 8192,
-             256, "p100-goyal", 60.0, "Goyal et al. 2017: 1 hour on 256 P100"),
+    PaperRun(
+        "AlexNet, 100 epochs, batch 32K, 1024 SKX nodes",
+        "alexnet",
+        100,
+        32768,
+        1024,
+        "skx-opa",
+        11.0,
+        "You et al. ICPP 2018: 11 minutes on 1024 CPUs (2048 Xeon Platinum 8160 sockets)",
+    ),
+    PaperRun(
+        "ResNet-50, 90 epochs, batch 32K, 2048 KNL",
+        "resnet50",
+        90,
+        32768,
+        2048,
+        "knl-opa",
+        20.0,
+        "You et al. ICPP 2018: 20 minutes on 2048 Xeon Phi 7250",
+    ),
+    PaperRun(
+        "ResNet-50, 90 epochs, batch 8K, 256 P100 (Goyal et al.)",
+        "resnet50",
+        90,
+        8192,
+        256,
+        "p100-goyal",
+        60.0,
+        "Goyal et al. 2017: 1 hour on 256 P100",
+    ),
 )
