@@ -5,27 +5,40 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from bigbatch.errors import ConfigError
 from bigbatch.plan import (
     BACKWARD_SHARE,
+    NO_LOSSES,
+    DeviceLosses,
     Network,
     Workload,
     add_plan_command,
     allreduce_seconds,
+    batch_efficiency,
     devices_for_target,
     efficiency_crossover,
     estimate_step,
     network_from_allreduce_json,
     network_from_preset,
+    paper_predictions,
     power_of_two_counts,
     ring_allreduce_seconds,
     scaling_table,
     tree_allreduce_seconds,
 )
-from bigbatch.plan_presets import PAPER_RUNS, PRESETS
+from bigbatch.plan_presets import (
+    INTEL_CAFFE_HALF_BATCH,
+    PAPER_RUNS,
+    PRESETS,
+    ZENITH_BATCH_EFFICIENCY,
+    half_efficiency_batch,
+)
+
+EMULATED_CLUSTER = Path(__file__).resolve().parents[1] / "docs/results/scaling_planner.json"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -105,6 +118,87 @@ def test_step_estimate_by_hand():
     ).exposed == pytest.approx(0.6)
 
 
+# ----------------------------------------------------------------------------- device losses
+
+
+def test_batch_efficiency_by_hand():
+    assert batch_efficiency(32, 8) == pytest.approx(0.8)
+    assert batch_efficiency(8, 8) == pytest.approx(0.5)
+    assert batch_efficiency(100, 0) == 1.0
+
+
+def test_device_losses_by_hand():
+    losses = DeviceLosses(half_batch=8, figure_batch=512, multinode_share=0.9)
+    at_figure = 512 / 520
+    assert losses.batch_factor(32) == pytest.approx(0.8 / at_figure)
+    assert losses.factor(32, nodes=1) == pytest.approx(0.8 / at_figure)  # one node: all cores
+    assert losses.factor(32, nodes=2) == pytest.approx(0.9 * 0.8 / at_figure)
+    assert losses.batch_factor(4096) == 1.0  # never better than the published figure
+    assert NO_LOSSES.factor(1, nodes=1000) == 1.0
+    assert DeviceLosses(multinode_share=0.5).factor(1, nodes=2) == 0.5  # no curve without h
+
+
+def test_step_estimate_with_device_losses_by_hand():
+    # 2 single-device nodes, 32 images each at 32 images/s; the figure was taken at batch 512:
+    # batch curve 0.8 / (512/520), times a compute share of 0.5 on more than one node.
+    workload = Workload(
+        "toy", parameters=1000, forward_flops=1e6, dataset_size=640, global_batch=64
+    )
+    losses = DeviceLosses(half_batch=8, figure_batch=512, multinode_share=0.5)
+    kept = 0.8 / (512 / 520) * 0.5
+    row = estimate_step(workload, 32.0, Network(alpha=0.0, beta=0.0), 2, 0.5, losses)
+    assert row.device_factor == pytest.approx(kept)
+    assert row.compute == pytest.approx(1.0 / kept)
+    assert row.efficiency == pytest.approx(kept)  # the devices run at this share of their figure
+    # Two devices of one node: the core share does not apply, the batch curve does.
+    shared = Network(alpha=0.0, beta=0.0, devices_per_node=2)
+    assert estimate_step(workload, 32.0, shared, 2, 0.5, losses).device_factor == pytest.approx(
+        0.8 / (512 / 520)
+    )
+
+
+def test_bad_device_losses_are_config_errors():
+    with pytest.raises(ConfigError, match="compute share"):
+        DeviceLosses(multinode_share=0.0)
+    with pytest.raises(ConfigError, match="half-efficiency"):
+        DeviceLosses(half_batch=-1.0)
+    with pytest.raises(ConfigError, match="figure batch"):
+        DeviceLosses(half_batch=8.0, figure_batch=math.inf)
+
+
+def test_half_efficiency_batch_from_the_zenith_points():
+    # h = b (1/e - 1) at each point: 64 x 1/9, 32 x 17/83, (8192/314) x 24/76; their mean.
+    by_hand = (64 / 9 + 32 * 17 / 83 + 8192 / 314 * 24 / 76) / 3
+    assert half_efficiency_batch(ZENITH_BATCH_EFFICIENCY) == pytest.approx(by_hand)
+    assert INTEL_CAFFE_HALF_BATCH.value == pytest.approx(7.30, abs=0.01)
+    # The curve reproduces each anchor within 0.03.
+    for batch, efficiency in ZENITH_BATCH_EFFICIENCY:
+        assert batch_efficiency(batch, INTEL_CAFFE_HALF_BATCH.value) == pytest.approx(
+            efficiency, abs=0.03
+        )
+
+
+def test_emulated_cluster_predictions_are_unchanged_and_within_25_percent():
+    """Recompute every recorded prediction from its recorded inputs (no device losses)."""
+    record = json.loads(EMULATED_CLUSTER.read_text())
+    assert len(record["rows"]) == 12
+    for row in record["rows"]:
+        recorded = row["prediction"]
+        workload = Workload(
+            row["model"],
+            recorded["gradient_bytes"] // 4,
+            1.0,
+            dataset_size=recorded["steps_per_epoch"] * row["global_batch"],
+            epochs=1,
+            global_batch=row["global_batch"],
+        )
+        network = Network(alpha=row["fit"]["alpha_s"], beta=row["fit"]["beta_s_per_byte"])
+        rate = (row["global_batch"] / row["processes"]) / row["compute_s"]
+        step = estimate_step(workload, rate, network, row["processes"], record["overlap"]).step
+        assert step == pytest.approx(recorded["step"], rel=1e-9)
+        assert 0.75 <= step / row["measured_s"] <= 1.25
+
+
 def test_bf16_gradients_halve_the_bytes():
     fp32 = Workload("toy", 1000, 1e6)
     bf16 = Workload("toy", 1000, 1e6, gradient_bytes_per_parameter=2)
@@ -171,6 +265,84 @@ def test_presets_load_with_sourced_figures():
             assert figure.estimate == figure.source.startswith("estimate")
     assert network_from_preset(PRESETS["knl-opa"]).beta == pytest.approx(8e-11)  # 100 Gbit/s
     assert network_from_preset(PRESETS["a100-dgx"]).devices_per_node == 8
+
+
+def test_only_the_intel_caffe_presets_carry_device_losses():
+    skx, knl = PRESETS["skx-opa"].device, PRESETS["knl-opa"].device
+    assert skx.multinode_compute_share.value == pytest.approx(44 / 48)
+    assert knl.multinode_compute_share.value == pytest.approx(62 / 68)
+    for device in (skx, knl):
+        assert device.half_efficiency_batch is INTEL_CAFFE_HALF_BATCH
+        assert device.images_per_second["resnet50"].batch == 512
+    for name in ("p100-goyal", "a100-dgx", "h100-dgx"):
+        device = PRESETS[name].device
+        assert device.half_efficiency_batch is None and device.multinode_compute_share is None
+
+
+# Predicted / reported, fixed when the device losses were added (see scaling_planner.md).
+# Without them (--ideal-device) AlexNet is outside the factor of 2; with them all three are
+# inside, AlexNet only just.
+PAPER_RATIOS = {"alexnet": 0.55, "resnet50-2048": 0.80, "resnet50-256": 0.64}
+PAPER_RATIOS_IDEAL_DEVICE = {"alexnet": 0.47, "resnet50-2048": 0.51, "resnet50-256": 0.64}
+
+
+def paper_key(run) -> str:
+    return run.model if run.model == "alexnet" else f"{run.model}-{run.devices}"
+
+
+@pytest.mark.parametrize(
+    "ideal, expected", [(False, PAPER_RATIOS), (True, PAPER_RATIOS_IDEAL_DEVICE)]
+)
+def test_paper_predictions_against_reported_times(ideal, expected):
+    ratios = {paper_key(p.run): p.ratio for p in paper_predictions(ideal_device=ideal)}
+    assert ratios == pytest.approx(expected, abs=0.005)
+
+
+def test_paper_per_step_breakdown_by_hand():
+    items = {paper_key(p.run): p for p in paper_predictions()}
+    alexnet = items["alexnet"].estimate
+    # 32 images per SKX node: (32/39.3)/(512/519.3) of the batch curve, x 44/48 cores.
+    h = INTEL_CAFFE_HALF_BATCH.value
+    factor = (32 / (32 + h)) / (512 / (512 + h)) * 44 / 48
+    assert alexnet.device_factor == pytest.approx(factor)
+    assert alexnet.compute == pytest.approx(
+        32 / (items["alexnet"].throughput.images_per_second * factor)
+    )
+    # 244 MB ring all-reduce over 1024 nodes at 100 Gbit/s, 1 us per step.
+    nbytes = 60_965_224 * 4
+    assert alexnet.allreduce == pytest.approx(2 * 1023 * 1e-6 + 2 * 1023 / 1024 * nbytes * 8e-11)
+    knl = items["resnet50-2048"].estimate
+    assert knl.device_factor == pytest.approx((16 / (16 + h)) / (512 / (512 + h)) * 62 / 68)
+    assert knl.exposed == 0.0  # ResNet-50's all-reduce hides under backward
+    # All three within a factor of 2 of the reported times (all still too fast).
+    for item in items.values():
+        assert 0.5 <= item.ratio < 1.0
+
+
+def test_ideal_device_flag_drops_the_losses(capsys):
+    ideal = json.loads(
+        run(
+            [
+                "--model",
+                "resnet50",
+                "--preset",
+                "knl-opa",
+                "--devices",
+                "2048",
+                "--ideal-device",
+                "--json",
+            ],
+            capsys,
+        )
+    )
+    real = json.loads(
+        run(["--model", "resnet50", "--preset", "knl-opa", "--devices", "2048", "--json"], capsys)
+    )
+    assert ideal["detail"]["device_factor"] == 1.0
+    assert real["detail"]["device_factor"] < 0.7
+    assert real["detail"]["compute"] == pytest.approx(
+        ideal["detail"]["compute"] / real["detail"]["device_factor"]
+    )
 
 
 def test_paper_runs_carry_the_reported_times():

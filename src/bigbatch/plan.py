@@ -8,7 +8,11 @@
 The model (PAPER.md section 4: computation scales with the images, communication with the
 parameters) for a global batch B on p devices:
 
-- compute per step         C(p) = (B / p) / r, with r the device's training images/s;
+- compute per step         C(p) = (B / p) / (r x f), with r the device's training images/s
+  and f its losses in a multi-node run (``DeviceLosses``, 1 unless the preset states them):
+    batch curve: b / (b + h) at b = B/p images per device, over the same at the batch the
+                 figure was measured at (a fixed per-step cost shared by fewer images);
+    core share:  the share of cores left for compute once the job spans several nodes;
 - gradient all-reduce      n = parameters x 4 bytes (fp32) or x 2 (bf16), per step, costing
     ring:  T = 2(p-1) alpha + 2(p-1)/p n beta       (reduce-scatter + all-gather)
     tree:  T = 2 log2(p) (alpha + n beta)           (reduce to a root, broadcast back)
@@ -24,11 +28,11 @@ parameters) for a global batch B on p devices:
   exposed = max(0, T - overlap x 2/3 x C);
 - step = C + exposed; steps per epoch = floor(N / B) (the partial last batch is dropped, as
   bigbatch's sampler does); time to train = epochs x steps per epoch x step;
-- scaling efficiency = single-device time / (p x time on p) = C / step: the fraction of the time
-  the devices compute.
+- scaling efficiency = single-device time / (p x time on p) = f C / step: the fraction of the
+  time the devices compute at their published rate.
 
-Not modelled: data loading, the optimizer's own cost beyond what the throughput figure includes,
-throughput lost to small per-device batches, stragglers, and contention in the network core.
+Not modelled: data loading, stragglers, contention in the network core, and the achievable
+fraction of nominal link rates (the all-reduce uses them as they are).
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bigbatch.errors import ConfigError
-from bigbatch.plan_presets import PAPER_RUNS, PRESETS, Figure, HardwarePreset, PaperRun
+from bigbatch.plan_presets import (
+    PAPER_RUNS,
+    PRESETS,
+    DevicePreset,
+    Figure,
+    HardwarePreset,
+    PaperRun,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +170,53 @@ def network_from_allreduce_json(path: str | Path) -> Network:
     )
 
 
+# ----------------------------------------------------------------------------- device losses
+
+
+def batch_efficiency(batch: float, half_batch: float) -> float:
+    """b / (b + h): throughput at batch b over the large-batch rate, for a fixed per-step cost."""
+    return batch / (batch + half_batch)
+
+
+@dataclass(frozen=True)
+class DeviceLosses:
+    """How much of its published throughput a device keeps in a multi-node run.
+
+    ``half_batch`` (h) and ``figure_batch`` give the batch curve b / (b + h), taken relative to
+    the batch the figure was measured at and never above 1; ``multinode_share`` is the share of
+    the device left for compute once the job spans several nodes.
+    """
+
+    half_batch: float | None = None
+    figure_batch: float | None = None
+    multinode_share: float = 1.0
+    description: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.half_batch is not None and not self.half_batch >= 0:
+            raise ConfigError(f"half-efficiency batch must be >= 0, got {self.half_batch}")
+        if self.figure_batch is not None and not 0 < self.figure_batch < math.inf:
+            raise ConfigError(f"figure batch must be positive, got {self.figure_batch}")
+        if not 0.0 < self.multinode_share <= 1.0:
+            raise ConfigError(f"compute share must be in (0, 1], got {self.multinode_share}")
+
+    def batch_factor(self, local_batch: float) -> float:
+        if self.half_batch is None or self.figure_batch is None:
+            return 1.0
+        relative = batch_efficiency(local_batch, self.half_batch) / batch_efficiency(
+            self.figure_batch, self.half_batch
+        )
+        return min(1.0, relative)
+
+    def factor(self, local_batch: float, nodes: int) -> float:
+        """The share of the published rate kept at ``local_batch`` images on ``nodes`` nodes."""
+        share = self.multinode_share if nodes > 1 else 1.0
+        return self.batch_factor(local_batch) * share
+
+
+NO_LOSSES = DeviceLosses()
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -216,6 +274,7 @@ class StepEstimate:
     total: float
     comm_compute_ratio: float
     efficiency: float
+    device_factor: float = 1.0  # share of the published rate kept (DeviceLosses.factor)
 
 
 def estimate_step(
@@ -224,6 +283,7 @@ def estimate_step(
     network: Network,
     devices: int,
     overlap: float = DEFAULT_OVERLAP,
+    losses: DeviceLosses = NO_LOSSES,
 ) -> StepEstimate:
     """Per-step and end-to-end times for ``devices`` devices (see the module docstring)."""
     if devices < 1:
@@ -233,7 +293,9 @@ def estimate_step(
     if not 0.0 <= overlap <= 1.0:
         raise ConfigError(f"overlap must be between 0 and 1, got {overlap}")
     local_batch = workload.global_batch / devices
-    compute = local_batch / images_per_second
+    nodes = math.ceil(devices / network.devices_per_node)
+    device_factor = losses.factor(local_batch, nodes)
+    compute = local_batch / (images_per_second * device_factor)
     allreduce = allreduce_seconds(workload.gradient_bytes, devices, network)
     overlappable = overlap * BACKWARD_SHARE * compute
     exposed = max(0.0, allreduce - overlappable)
@@ -251,7 +313,8 @@ def estimate_step(
         epoch=epoch,
         total=workload.epochs * epoch,
         comm_compute_ratio=allreduce / compute,
-        efficiency=compute / step,
+        efficiency=device_factor * compute / step,
+        device_factor=device_factor,
     )
 
 
@@ -270,10 +333,11 @@ def scaling_table(
     network: Network,
     counts: list[int],
     overlap: float = DEFAULT_OVERLAP,
+    losses: DeviceLosses = NO_LOSSES,
 ) -> list[StepEstimate]:
     """One estimate per device count, skipping counts with less than one image per device."""
     return [
-        estimate_step(workload, images_per_second, network, p, overlap)
+        estimate_step(workload, images_per_second, network, p, overlap, losses)
         for p in counts
         if p <= workload.global_batch
     ]
@@ -302,6 +366,7 @@ def devices_for_target(
     target_seconds: float,
     overlap: float = DEFAULT_OVERLAP,
     max_devices: int = 65536,
+    losses: DeviceLosses = NO_LOSSES,
 ) -> TargetAnswer:
     """The fewest devices (at most ``max_devices`` and B) that train within ``target_seconds``.
 
@@ -314,7 +379,7 @@ def devices_for_target(
     best: StepEstimate | None = None
     first: StepEstimate | None = None
     for p in range(1, largest + 1):
-        row = estimate_step(workload, images_per_second, network, p, overlap)
+        row = estimate_step(workload, images_per_second, network, p, overlap, losses)
         if best is None or row.total < best.total:
             best = row
         if row.total <= target_seconds:
@@ -324,7 +389,7 @@ def devices_for_target(
         (
             row
             for row in (
-                estimate_step(workload, images_per_second, network, q, overlap)
+                estimate_step(workload, images_per_second, network, q, overlap, losses)
                 for q in power_of_two_counts(largest)
             )
             if row.total <= target_seconds
@@ -379,6 +444,28 @@ class Throughput:
     images_per_second: float
     source: str
     estimate: bool
+    losses: DeviceLosses = NO_LOSSES
+
+
+def device_losses(device: DevicePreset, figure: Figure) -> DeviceLosses:
+    """The preset's multi-node losses for a throughput figure measured at ``figure.batch``."""
+    half, share = device.half_efficiency_batch, device.multinode_compute_share
+    if half is None and share is None:
+        return NO_LOSSES
+    parts = []
+    if half is not None and figure.batch is not None:
+        parts.append(
+            f"batch curve b/(b+{half.value:.3g}) relative to the figure's batch "
+            f"{figure.batch} ({half.source})"
+        )
+    if share is not None:
+        parts.append(f"compute share {share.value:.3g} on more than one node ({share.source})")
+    return DeviceLosses(
+        half_batch=half.value if half is not None and figure.batch is not None else None,
+        figure_batch=figure.batch,
+        multinode_share=share.value if share is not None else 1.0,
+        description="; ".join(parts),
+    )
 
 
 def device_throughput(
@@ -392,7 +479,9 @@ def device_throughput(
     figures = preset.device.images_per_second
     figure: Figure | None = figures.get(model)
     if figure is not None and reference_stats is None:
-        return Throughput(figure.value, figure.source, figure.estimate)
+        return Throughput(
+            figure.value, figure.source, figure.estimate, device_losses(preset.device, figure)
+        )
     base_name = model if figure is not None else preset.device.reference_model
     base = figures.get(base_name)
     if base is None or reference_stats is None:
@@ -407,7 +496,7 @@ def device_throughput(
         f"{reference_stats.forward_flops / 1e9:.3g} / {stats.forward_flops / 1e9:.3g} "
         f"GFLOP ({base.source})"
     )
-    return Throughput(value, source, True)
+    return Throughput(value, source, True, device_losses(preset.device, base))
 
 
 def measure_images_per_second(
@@ -464,8 +553,13 @@ class PaperPrediction:
         return self.predicted_minutes / self.run.reported_minutes
 
 
-def paper_predictions(overlap: float = DEFAULT_OVERLAP) -> list[PaperPrediction]:
-    """The planner's time for each reported run, using the runs' presets only."""
+def paper_predictions(
+    overlap: float = DEFAULT_OVERLAP, ideal_device: bool = False
+) -> list[PaperPrediction]:
+    """The planner's time for each reported run, using the runs' presets only.
+
+    ``ideal_device`` drops the presets' device losses (the published figures as they are).
+    """
     stats_cache: dict[str, ModelStats] = {}
 
     def stats_of(name: str) -> ModelStats:
@@ -480,6 +574,8 @@ def paper_predictions(overlap: float = DEFAULT_OVERLAP) -> list[PaperPrediction]
         has_figure = run.model in preset.device.images_per_second
         reference = None if has_figure else stats_of(preset.device.reference_model)
         throughput = device_throughput(preset, run.model, stats, reference)
+        if ideal_device:
+            throughput = replace(throughput, losses=NO_LOSSES)
         workload = Workload(
             run.model,
             stats.parameters,
@@ -490,7 +586,7 @@ def paper_predictions(overlap: float = DEFAULT_OVERLAP) -> list[PaperPrediction]
         )
         network = network_from_preset(preset)
         estimate = estimate_step(
-            workload, throughput.images_per_second, network, run.devices, overlap
+            workload, throughput.images_per_second, network, run.devices, overlap, throughput.losses
         )
         predictions.append(PaperPrediction(run, estimate, throughput, network, stats))
     return predictions
@@ -544,6 +640,7 @@ def format_table(rows: list[StepEstimate], threshold: float = 0.5) -> list[str]:
 def format_estimate(row: StepEstimate, overlap: float) -> list[str]:
     return [
         f"per step on {row.devices} devices ({row.local_batch:.4g} images per device):",
+        f"  device rate kept         {row.device_factor:.1%} of its figure",
         f"  compute                  {format_seconds(row.compute)}",
         f"  all-reduce               {format_seconds(row.allreduce)}",
         f"  hidden under backward    {format_seconds(row.overlappable)}  (overlap {overlap:g} of "
@@ -633,6 +730,12 @@ def add_plan_command(commands) -> argparse.ArgumentParser:
         help="search limit for --target-minutes (default 65536)",
     )
     command.add_argument(
+        "--ideal-device",
+        action="store_true",
+        help="use the preset's throughput figure as it is, without its "
+        "multi-node losses (small per-device batch, cores for MLSL)",
+    )
+    command.add_argument(
         "--paper",
         action="store_true",
         help="the paper's configurations next to their reported times",
@@ -648,11 +751,11 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(list_presets(), indent=2) if args.json else format_presets())
         return 0
     if args.paper:
-        predictions = paper_predictions(args.overlap)
+        predictions = paper_predictions(args.overlap, args.ideal_device)
         if args.json:
             print(json.dumps([paper_record(p) for p in predictions], indent=2))
         else:
-            print("\n".join(format_paper(predictions, args.overlap)))
+            print("\n".join(format_paper(predictions, args.overlap, args.ideal_device)))
         return 0
     plan = build_plan(args)
     print(json.dumps(plan, indent=2) if args.json else "\n".join(plan["text"]))
@@ -722,9 +825,11 @@ def resolve_throughput(
     figure = preset.device.images_per_second.get(args.model)
     at_default_size = args.params is not None or stats.image_size == default_image_size(args.model)
     if figure is not None and at_default_size:
-        return device_throughput(preset, args.model, stats, None)
-    base_model = args.model if figure is not None else preset.device.reference_model
-    return device_throughput(preset, args.model, stats, model_statistics(base_model))
+        throughput = device_throughput(preset, args.model, stats, None)
+    else:
+        base_model = args.model if figure is not None else preset.device.reference_model
+        throughput = device_throughput(preset, args.model, stats, model_statistics(base_model))
+    return replace(throughput, losses=NO_LOSSES) if args.ideal_device else throughput
 
 
 def build_plan(args: argparse.Namespace) -> dict:
@@ -751,16 +856,26 @@ def build_plan(args: argparse.Namespace) -> dict:
     )
     network = resolve_network(args, preset)
     throughput = resolve_throughput(args, preset, stats)
-    rate = throughput.images_per_second
-    rows = scaling_table(workload, rate, network, power_of_two_counts(args.table_max), args.overlap)
+    rate, losses = throughput.images_per_second, throughput.losses
+    rows = scaling_table(
+        workload, rate, network, power_of_two_counts(args.table_max), args.overlap, losses
+    )
     crossover = efficiency_crossover(rows)
     detail = (
-        estimate_step(workload, rate, network, args.devices, args.overlap) if args.devices else None
+        estimate_step(workload, rate, network, args.devices, args.overlap, losses)
+        if args.devices
+        else None
     )
     target = None
     if args.target_minutes is not None:
         target = devices_for_target(
-            workload, rate, network, args.target_minutes * 60.0, args.overlap, args.max_devices
+            workload,
+            rate,
+            network,
+            args.target_minutes * 60.0,
+            args.overlap,
+            args.max_devices,
+            losses,
         )
     text = format_plan(workload, throughput, network, args, rows, crossover, detail, target)
     return {
@@ -796,9 +911,10 @@ def format_plan(
         f"batch {workload.global_batch:,} ({workload.steps_per_epoch} steps per epoch)",
         f"device       {throughput.images_per_second:.4g} images/s{flag}",
         f"             source: {throughput.source}",
+        f"losses       {throughput.losses.description}",
         f"network      {format_network(network)}",
         f"assumptions  backward = {BACKWARD_SHARE:.3g} of compute; overlap {args.overlap:g} of it "
-        "can hide the all-reduce; no data-loading, straggler or small-batch losses",
+        "can hide the all-reduce; nominal link rates; no data-loading or straggler losses",
         "",
     ]
     if detail is not None:
@@ -832,17 +948,25 @@ def format_plan(
     return lines
 
 
-def format_paper(predictions: list[PaperPrediction], overlap: float) -> list[str]:
+def format_paper(
+    predictions: list[PaperPrediction], overlap: float, ideal_device: bool = False
+) -> list[str]:
     lines = [f"{'configuration':58} {'planner':>9} {'reported':>9} {'ratio':>6}"]
     for item in predictions:
         lines.append(
             f"{item.run.label:58} {item.predicted_minutes:>7.1f} m "
             f"{item.run.reported_minutes:>7.1f} m {item.ratio:>6.2f}"
         )
+    device = (
+        "published figures as they are (--ideal-device)"
+        if ideal_device
+        else "published figures with the presets' multi-node losses"
+    )
     lines += [
         "",
         f"Assumptions: overlap {overlap:g} of backward (= {BACKWARD_SHARE:.3g} of "
-        "compute); steps per epoch floor(N/B); nominal link rates; no data loading.",
+        f"compute); steps per epoch floor(N/B); nominal link rates; no data loading; "
+        f"device: {device}.",
     ]
     for item in predictions:
         row = item.estimate
@@ -854,8 +978,10 @@ def format_paper(predictions: list[PaperPrediction], overlap: float) -> list[str
             f"{item.stats.forward_flops / 1e9:.3g} GFLOP forward at {item.stats.image_size} px",
             f"  device: {item.throughput.images_per_second:.4g} images/s{flag}: "
             f"{item.throughput.source}",
+            f"  losses: {item.throughput.losses.description}",
             f"  network: {format_network(item.network)}",
-            f"  per step: compute {format_seconds(row.compute)}, all-reduce "
+            f"  per step ({row.local_batch:.4g} images per device, {row.device_factor:.1%} of the "
+            f"figure's rate): compute {format_seconds(row.compute)}, all-reduce "
             f"{format_seconds(row.allreduce)}, exposed {format_seconds(row.exposed)}, step "
             f"{format_seconds(row.step)} x {row.steps_per_epoch} steps/epoch; efficiency "
             f"{row.efficiency:.1%}",
