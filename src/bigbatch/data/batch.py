@@ -1,18 +1,30 @@
-"""The unit a dataset hands to the training loop: images, labels and the files it had to skip."""
+"""The unit a dataset hands to the training loop (images, labels and the files it had to skip),
+and how image datasets assemble it example by example."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
+
+from bigbatch.data.transforms import (
+    DECODE_ERRORS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    normalization_affine,
+)
 
 
 @dataclass
 class Batch:
     """A loaded micro-batch.
 
-    images: float32 N x C x H x W, normalised. labels: int64 N. skipped: paths of broken files
+    images: N x C x H x W, float32 normalised or uint8 (normalised later on the device, see
+    transforms.normalize_images). labels: int64 N. skipped: paths of broken files
     left out of this batch (so N can be smaller than the number of keys requested).
     """
 
@@ -49,3 +61,65 @@ def keys_array(keys: list) -> np.ndarray:
     if pairs.ndim == 1:
         pairs = np.stack([pairs, np.zeros_like(pairs)], axis=1)
     return pairs.reshape(-1, 2)
+
+
+def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised tensor for a batch; in a DataLoader worker it lives in shared memory
+    from the start (as default_collate does), so sending it to the training process costs no
+    extra copy."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * itemsize)
+    strides = torch.empty(shape, device="meta").stride()
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
+
+
+class BatchImages:
+    """Images written one by one into a preallocated N x C x S x S batch tensor.
+
+    uint8 images are copied as they are; with ``normalize`` they are converted to float32
+    (x/255 - mean)/std while each is in cache, bitwise equal to transforms.normalize_images.
+    Examples that fail to load are simply not added, so the batch has no gaps.
+    """
+
+    def __init__(self, capacity: int, size: int, channels: int = 3, normalize: bool = True,
+                 mean: Sequence[float] = IMAGENET_MEAN,
+                 std: Sequence[float] = IMAGENET_STD) -> None:
+        dtype = torch.float32 if normalize else torch.uint8
+        self._out = batch_tensor((capacity, channels, size, size), dtype)
+        self._affine = normalization_affine(mean, std, torch.device("cpu")) if normalize else None
+        self._count = 0
+
+    def add(self, image: torch.Tensor) -> None:
+        """Append a C x S x S uint8 image (any strides)."""
+        slot = self._out[self._count]
+        if self._affine is None:
+            slot.copy_(image)
+        else:
+            scale, shift = self._affine
+            torch.addcmul(shift[0], image, scale[0], out=slot)
+        self._count += 1
+
+    def images(self) -> torch.Tensor:
+        return self._out[: self._count]
+
+
+def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor],
+               broken: Callable[[int, Exception], str], labels: np.ndarray, image_size: int,
+               normalize: bool) -> Batch:
+    """The Batch of ``keys`` ((index, epoch) pairs or bare indices): ``load_image(index,
+    epoch)`` gives each 3 x S x S uint8 image; examples whose loading raises one of
+    DECODE_ERRORS are left out and ``broken(index, error)`` names them in Batch.skipped."""
+    pairs = keys_array(keys).tolist()
+    images = BatchImages(len(pairs), image_size, normalize=normalize)
+    kept: list[int] = []
+    skipped: list[str] = []
+    for index, epoch in pairs:
+        try:
+            images.add(load_image(index, epoch))
+        except DECODE_ERRORS as error:
+            skipped.append(broken(index, error))
+            continue
+        kept.append(int(labels[index]))
+    return Batch(images.images(), torch.tensor(kept, dtype=torch.int64), skipped)

@@ -1,9 +1,9 @@
 """ImageNet-style folders: root/train/<class>/<image> and root/val/<class>/<image>.
 
-Decoding is PIL with JPEG draft mode (libjpeg DCT scaling) when it loses no output resolution,
-and crop + resize as one resampling of the crop box. Augmentation parameters are drawn from
-example_generator(seed, epoch, index), so an example's crop does not depend on the worker, the
-batch or the number of processes (DESIGN.md principle 1).
+Decoding is libjpeg-turbo (torchvision.io) or PIL with JPEG draft mode (DCT scaling) when that
+loses no output resolution, and crop + resize is one resampling of the crop box (data/decode.py).
+Augmentation parameters are drawn from example_generator(seed, epoch, index), so an example's
+crop does not depend on the worker, the batch or the number of processes (DESIGN.md principle 1).
 """
 
 from __future__ import annotations
@@ -16,17 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, keys_array, normalize_key
-from bigbatch.data.transforms import (
-    DECODE_ERRORS,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    BoxForSize,
-    decode_crop,
-    example_crop,
-    normalized_batch,
-    uint8_batch,
-)
+from bigbatch.data.batch import Batch, load_batch, normalize_key
+from bigbatch.data.decode import decode_crop_planes
+from bigbatch.data.transforms import BoxForSize, example_crop
 from bigbatch.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -178,12 +170,15 @@ class ImageFolderData(Dataset):
         return example_crop(self.train, self.seed, epoch, index, self.image_size,
                             self.resize_size)
 
-    def load_pixels(self, index: int, epoch: int) -> np.ndarray:
-        """One example as an image_size x image_size x 3 uint8 array (raises DECODE_ERRORS)."""
+    def load_image(self, index: int, epoch: int) -> torch.Tensor:
+        """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""
         box_for_size, flip = self.crop_plan(index, epoch)
-        crop = decode_crop(self.path(index), box_for_size, self.image_size, self.fast_decode)
-        pixels = np.asarray(crop)
-        return pixels[:, ::-1] if flip else pixels
+        return decode_crop_planes(self.path(index), box_for_size, self.image_size,
+                                  self.fast_decode, flip)
+
+    def load_pixels(self, index: int, epoch: int) -> np.ndarray:
+        """load_image as an image_size x image_size x 3 uint8 array (for inspection)."""
+        return self.load_image(index, epoch).permute(1, 2, 0).numpy()
 
     def _broken(self, index: int, error: Exception) -> str:
         path = str(self.path(index))
@@ -197,21 +192,8 @@ class ImageFolderData(Dataset):
         return path
 
     def __getitems__(self, keys: list) -> Batch:
-        pixels: list[np.ndarray] = []
-        labels: list[int] = []
-        skipped: list[str] = []
-        for index, epoch in keys_array(keys).tolist():
-            try:
-                pixels.append(self.load_pixels(index, epoch))
-            except DECODE_ERRORS as error:
-                skipped.append(self._broken(index, error))
-                continue
-            labels.append(int(self.labels[index]))
-        if self.normalize:
-            images = normalized_batch(pixels, IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)
-        else:
-            images = uint8_batch(pixels, self.image_size, 3)
-        return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+        return load_batch(keys, self.load_image, self._broken, self.labels, self.image_size,
+                          self.normalize)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         """One (image 3xSxS, label) pair; a bare index means epoch 0. A broken file raises

@@ -37,20 +37,17 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, keys_array, normalize_key
+from bigbatch.data.batch import Batch, load_batch, normalize_key
 from bigbatch.data.imagefolder import ON_BROKEN, check_data_root, scan_split
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     Box,
     decode_crop,
     eval_resize_size,
     example_crop,
-    normalized_batch,
+    image_planes,
     resample_crop,
     to_rgb,
-    uint8_batch,
 )
 from bigbatch.errors import ConfigError, DataError
 
@@ -392,8 +389,8 @@ class PackedImages(Dataset):
         offset = int(self.index.offset[row])
         return mapped[offset:offset + int(self.index.size[row])]
 
-    def load_pixels(self, index: int, epoch: int) -> np.ndarray:
-        """One example as an image_size x image_size x 3 uint8 array (raises DECODE_ERRORS)."""
+    def load_image(self, index: int, epoch: int) -> torch.Tensor:
+        """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""
         box_for_size, flip = example_crop(self.train, self.seed, epoch, index, self.image_size,
                                           self.resize_size)
         data = self.record(index)
@@ -406,8 +403,7 @@ class PackedImages(Dataset):
         else:
             crop = decode_crop(io.BytesIO(data.tobytes()), box_for_size, self.image_size,
                                self.fast_decode)
-        pixels = np.asarray(crop)
-        return pixels[:, ::-1] if flip else pixels
+        return image_planes(crop, flip)
 
     def _broken(self, index: int, error: Exception) -> str:
         name = f"{self.root / self.split}[{index}] ({self.source(index)})"
@@ -421,21 +417,8 @@ class PackedImages(Dataset):
         return name
 
     def __getitems__(self, keys: list) -> Batch:
-        pixels: list[np.ndarray] = []
-        labels: list[int] = []
-        skipped: list[str] = []
-        for index, epoch in keys_array(keys).tolist():
-            try:
-                pixels.append(self.load_pixels(index, epoch))
-            except DECODE_ERRORS as error:
-                skipped.append(self._broken(index, error))
-                continue
-            labels.append(int(self.labels[index]))
-        if self.normalize:
-            images = normalized_batch(pixels, IMAGENET_MEAN, IMAGENET_STD, self.image_size, 3)
-        else:
-            images = uint8_batch(pixels, self.image_size, 3)
-        return Batch(images, torch.tensor(labels, dtype=torch.int64), skipped)
+        return load_batch(keys, self.load_image, self._broken, self.labels, self.image_size,
+                          self.normalize)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         batch = self.__getitems__([normalize_key(key)])

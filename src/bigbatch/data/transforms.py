@@ -18,7 +18,6 @@ from typing import BinaryIO
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import get_worker_info
 
 from bigbatch.data.seeding import example_generator
 
@@ -143,16 +142,20 @@ def decode_crop(source: str | os.PathLike | BinaryIO, box_for_size: BoxForSize, 
     left False). Raises one of DECODE_ERRORS for unreadable data.
     """
     with Image.open(source) as image:
-        width, height = image.size
-        box = box_for_size(width, height)
-        if fast_decode and image.format == "JPEG":
-            factor = draft_factor(box, out_size)
-            if factor > 1:
-                drafted = image.draft("RGB", (width // factor, height // factor))
-                if drafted is not None:
-                    box = box.scaled(drafted[1][2] / width)
-        image.load()
-        return resample_crop(image, box, out_size)
+        return load_crop(image, box_for_size(*image.size), out_size, fast_decode)
+
+
+def load_crop(image: Image.Image, box: Box, out_size: int, fast_decode: bool) -> Image.Image:
+    """decode_crop on an opened (not yet loaded) image whose crop box is already drawn."""
+    if fast_decode and image.format == "JPEG":
+        factor = draft_factor(box, out_size)
+        if factor > 1:
+            width, height = image.size
+            drafted = image.draft("RGB", (width // factor, height // factor))
+            if drafted is not None:
+                box = box.scaled(drafted[1][2] / width)
+    image.load()
+    return resample_crop(image, box, out_size)
 
 
 def resample_crop(image: Image.Image, box: Box, out_size: int) -> Image.Image:
@@ -181,46 +184,14 @@ def example_crop(train: bool, seed: int, epoch: int, index: int, image_size: int
     return (lambda w, h: random_resized_crop_box(w, h, attempts)), bool(draws[-1] < 0.5)
 
 
-def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialised tensor for a batch; in a DataLoader worker it lives in shared memory
-    from the start (as default_collate does), so sending it to the training process costs no
-    extra copy."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * itemsize)
-    strides = torch.empty(shape, device="meta").stride()
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
+def image_planes(crop: Image.Image, flip: bool) -> torch.Tensor:
+    """An RGB PIL crop as a 3xHxW uint8 tensor (a channels-first view of a fresh copy),
+    mirrored left-right if ``flip``."""
+    planes = torch.from_numpy(np.array(crop)).permute(2, 0, 1)
+    return planes.flip(-1) if flip else planes
 
 
-def channel_planes(image: np.ndarray, size: int, channels: int) -> torch.Tensor:
-    """An HxWxC uint8 array as a contiguous CxHxW uint8 tensor."""
-    planes = np.asarray(image).reshape(size, size, channels).transpose(2, 0, 1)
-    return torch.from_numpy(np.ascontiguousarray(planes))
-
-
-def normalized_batch(pixels: Sequence[np.ndarray], mean: Sequence[float],
-                     std: Sequence[float], size: int, channels: int) -> torch.Tensor:
-    """Stack HxWxC uint8 arrays into a normalised float32 NxCxHxW tensor: (x/255 - mean)/std.
-
-    Converted image by image while each is in cache; the whole batch is written once.
-    """
-    out = batch_tensor((len(pixels), channels, size, size))
-    scale, shift = _affine(mean, std, torch.device("cpu"))
-    for k, image in enumerate(pixels):
-        torch.addcmul(shift[0], channel_planes(image, size, channels), scale[0], out=out[k])
-    return out
-
-
-def uint8_batch(pixels: Sequence[np.ndarray], size: int, channels: int) -> torch.Tensor:
-    """Stack HxWxC uint8 arrays into a uint8 NxCxHxW tensor (normalise later, on the device)."""
-    out = batch_tensor((len(pixels), channels, size, size), torch.uint8)
-    for k, image in enumerate(pixels):
-        out[k].copy_(channel_planes(image, size, channels))
-    return out
-
-
-def _affine(mean: Sequence[float], std: Sequence[float],
+def normalization_affine(mean: Sequence[float], std: Sequence[float],
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, shift) of shape 1xCx1x1 with x*scale + shift == (x/255 - mean)/std."""
     scale = torch.tensor([1.0 / (255.0 * s) for s in std], device=device)
@@ -238,5 +209,5 @@ def normalize_images(images: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN
     """
     if images.is_floating_point():
         return images
-    scale, shift = _affine(mean, std, images.device)
+    scale, shift = normalization_affine(mean, std, images.device)
     return torch.addcmul(shift, images.float(), scale)
