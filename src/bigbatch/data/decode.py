@@ -14,8 +14,8 @@ and any file libjpeg-turbo rejects, so that broken files fail with PIL's errors 
 
 Both decoders are libjpeg-turbo with the same settings (accurate integer DCT, fancy upsampling)
 and give identical pixels; the two resamplers differ by rounding and at the crop's edges (PIL
-also weighs pixels just outside the box), bounded in tests/test_decode.py. The route is a
-function of the file and the crop box, so an example's pixels remain a function of (seed,
+also weighs pixels just outside the box), bounded in tests/test_imagefolder_decode.py. The route
+is a function of the file and the crop box, so an example's pixels remain a function of (seed,
 epoch, index).
 """
 
