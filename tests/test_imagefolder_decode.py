@@ -141,3 +141,18 @@ def test_broken_jpegs_fail_with_pil_errors(photos: list[bytes], tmp_path: Path) 
             decode.decode_crop_planes(path, box_for_size, OUT, True, flip=False)
     with pytest.raises(OSError, match="image file is truncated"):
         decode.decode_crop_planes(truncated, box_for_size, OUT, True, flip=False)
+
+
+def test_without_torchvision_codecs_every_file_takes_the_pil_route(
+    photos: list[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, photos[1])
+    box_for_size, _ = example_crop(True, 3, 0, 1, OUT, 256)
+    with_codecs = decode.decode_crop_planes(path, box_for_size, OUT, True, flip=False)
+    monkeypatch.setattr(decode, "decode_jpeg", None)
+    assert not decode.takes_turbo_route(
+        decode.jpeg_frame(photos[1]), box_for_size(500, 375), OUT, True
+    )
+    without = decode.decode_crop_planes(path, box_for_size, OUT, True, flip=False)
+    assert torch.equal(without, pil_route(photos[1], box_for_size(500, 375), OUT, True))
+    assert mean_abs(without, with_codecs) < 0.1
