@@ -86,20 +86,45 @@ def test_two_torchrun_agents_match_one_process(single_process_run, tmp_path):
             "--out",
             str(out),
         ]
-        agents.append(
-            subprocess.Popen(
-                command,
-                env=process_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for agent in agents:
-        _, stderr = agent.communicate(timeout=300)
-        assert agent.returncode == 0, stderr[-3000:]
+        agents.append((command, process_env()))
+    run_concurrently(agents)
     assert summary(out)["world_size"] == 2
     assert max_relative_difference(final_state(out), final_state(single_process_run)) < 1e-5
+
+
+def test_slurm_tasks_match_one_process(single_process_run, tmp_path):
+    """What `srun --ntasks 2 bigbatch train` starts: two processes that know their place only
+    from SLURM's variables (no torchrun), the master taken from the node list."""
+    out = tmp_path / "run"
+    port = str(free_port())
+    tasks = []
+    for task in (0, 1):
+        slurm = {
+            "SLURM_PROCID": str(task),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(task),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        command = [sys.executable, "-m", "bigbatch", "train", *TINY, "--out", str(out)]
+        tasks.append((command, process_env(slurm)))
+    run_concurrently(tasks)
+    assert summary(out)["world_size"] == 2
+    assert max_relative_difference(final_state(out), final_state(single_process_run)) < 1e-5
+
+
+def run_concurrently(commands: list[tuple[list[str], dict[str, str]]], timeout: float = 300):
+    """Start every (command, environment) at once; each must exit 0."""
+    processes = [
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for command, env in commands
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=timeout)
+        assert process.returncode == 0, stderr[-3000:]
 
 
 def test_distributed_eval_equals_single_process(single_process_run):

@@ -6,7 +6,13 @@ import pytest
 import torch.distributed as dist
 from launch import free_port
 
-from bigbatch.distributed import elastic_attempt_store, first_slurm_host, launch_env
+from bigbatch.distributed import (
+    elastic_attempt_store,
+    first_slurm_host,
+    launch_env,
+    processes_on_this_node,
+    slurm_tasks_per_node,
+)
 from bigbatch.errors import ConfigError
 from bigbatch.faults import Fault, fault_from_env
 
@@ -100,3 +106,23 @@ def test_without_the_agent_store_the_process_group_uses_env(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     env = launch_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert elastic_attempt_store(env, timedelta(seconds=1)) is None
+
+
+@pytest.mark.parametrize(
+    "env, processes",
+    [
+        ({"LOCAL_WORLD_SIZE": "8", "SLURM_TASKS_PER_NODE": "2"}, 8),  # torchrun wins
+        ({"SLURM_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "1"}, 4),
+        ({"SLURM_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "2"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "3"}, 3),
+        ({}, 1),
+    ],
+)
+def test_processes_on_this_node(env, processes):
+    assert processes_on_this_node(env) == processes
+
+
+def test_slurm_task_counts_expand_and_reject_garbage():
+    assert slurm_tasks_per_node("4(x2),2,1(x3)") == [4, 4, 2, 1, 1, 1]
+    with pytest.raises(ConfigError, match="SLURM_TASKS_PER_NODE"):
+        slurm_tasks_per_node("four")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from bigbatch.config import RunConfig
 from bigbatch.data import build_datasets
 from bigbatch.data.loader import default_workers
 from bigbatch.data.sampler import GlobalBatchPlan
-from bigbatch.distributed import DistContext
+from bigbatch.distributed import DistContext, processes_on_this_node
 from bigbatch.errors import ConfigError
 from bigbatch.models import create_model, model_spec
 from bigbatch.optim import LRSchedule, build_optimizer, scale_lr
@@ -174,5 +173,4 @@ def workers_for(cfg: RunConfig, ctx: DistContext) -> int:
         return cfg.data.workers
     if cfg.data.name in ("fashion-mnist", "synthetic"):
         return 0
-    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, default_workers() // local_ranks)
+    return default_workers(processes_on_this_node())

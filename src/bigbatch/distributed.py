@@ -84,6 +84,31 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
     return LaunchEnv()
 
 
+def processes_on_this_node(environ: dict[str, str] | None = None) -> int:
+    """How many training processes share this node: torchrun's LOCAL_WORLD_SIZE, else SLURM's
+    task count for this node (SLURM_TASKS_PER_NODE such as ``4(x2),2``, indexed by
+    SLURM_NODEID), else 1."""
+    env = os.environ if environ is None else environ
+    if "LOCAL_WORLD_SIZE" in env:
+        return max(1, int(env["LOCAL_WORLD_SIZE"]))
+    if "SLURM_TASKS_PER_NODE" in env:
+        counts = slurm_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+        node = int(env.get("SLURM_NODEID", "0"))
+        return max(1, counts[node] if node < len(counts) else counts[-1])
+    return 1
+
+
+def slurm_tasks_per_node(spec: str) -> list[int]:
+    """Expand SLURM's compressed task counts: ``4(x2),2`` -> [4, 4, 2]."""
+    counts = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ConfigError(f"cannot read SLURM_TASKS_PER_NODE '{spec}'")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
 def first_slurm_host(nodelist: str) -> str:
     """The first host of a SLURM node list such as ``gpu[003-010,012],cpu01`` -> ``gpu003``."""
     match = re.match(r"([^\[,]+)(?:\[([^\]]+)\])?", nodelist.strip())
