@@ -55,6 +55,8 @@ def run(argv: list[str], capsys) -> str:
 
 # A model small enough to need no registry: 1000 parameters = 4000 gradient bytes.
 TOY = ["--model", "toy", "--params", "1000", "--flops", "1e6"]
+# TOY with a device throughput and a network: enough for a prediction.
+TOY_RUN = [*TOY, "--device-images-per-second", "10", "--alpha", "1e-6", "--beta", "1e-9"]
 
 
 # ----------------------------------------------------------------------------- formulas
@@ -466,39 +468,13 @@ def test_models_without_a_figure_are_flop_scaled_and_flagged(capsys):
         (["--preset", "nope", *TOY], "unknown preset"),
         ([*TOY, "--device-images-per-second", "10"], "no network"),
         ([*TOY, "--alpha", "1e-6", "--beta", "1e-9"], "no device throughput"),
-        (
-            [
-                *TOY,
-                "--device-images-per-second",
-                "10",
-                "--alpha",
-                "1e-6",
-                "--beta",
-                "1e-9",
-                "--overlap",
-                "1.5",
-            ],
-            "overlap",
-        ),
+        ([*TOY_RUN, "--overlap", "1.5"], "overlap"),
         (
             [*TOY, "--device-images-per-second", "-1", "--alpha", "1e-6", "--beta", "1e-9"],
             "positive",
         ),
         ([*TOY, "--device-images-per-second", "10", "--alpha", "-1", "--beta", "1e-9"], "alpha"),
-        (
-            [
-                *TOY,
-                "--device-images-per-second",
-                "10",
-                "--alpha",
-                "1e-6",
-                "--beta",
-                "1e-9",
-                "--devices",
-                "0",
-            ],
-            "at least 1",
-        ),
+        ([*TOY_RUN, "--devices", "0"], "at least 1"),
         (
             ["--params", "1000", "--device-images-per-second", "10", "--alpha", "0", "--beta", "0"],
             "--params and --flops",
@@ -507,34 +483,8 @@ def test_models_without_a_figure_are_flop_scaled_and_flagged(capsys):
             [*TOY, "--device-images-per-second", "10", "--allreduce-json", "/nonexistent.json"],
             "does not exist",
         ),
-        (
-            [
-                *TOY,
-                "--device-images-per-second",
-                "10",
-                "--alpha",
-                "1e-6",
-                "--beta",
-                "1e-9",
-                "--target-minutes",
-                "0",
-            ],
-            "target",
-        ),
-        (
-            [
-                *TOY,
-                "--device-images-per-second",
-                "10",
-                "--alpha",
-                "1e-6",
-                "--beta",
-                "1e-9",
-                "--epochs",
-                "0",
-            ],
-            "epochs",
-        ),
+        ([*TOY_RUN, "--target-minutes", "0"], "target"),
+        ([*TOY_RUN, "--epochs", "0"], "epochs"),
     ],
 )
 def test_bad_input_is_a_config_error(argv, message, capsys):

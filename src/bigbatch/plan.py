@@ -45,6 +45,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bigbatch.errors import ConfigError
 from bigbatch.plan_presets import (
@@ -232,6 +233,11 @@ class Workload:
     epochs: float = 90.0
     global_batch: int = 32768
     gradient_bytes_per_parameter: int = 4
+
+    @classmethod
+    def of_model(cls, model: str, stats: ModelStats, **fields: Any) -> Workload:
+        """The workload of ``model``, its size and FLOPs taken from ``stats``."""
+        return cls(model, stats.parameters, stats.forward_flops, stats.image_size, **fields)
 
     def __post_init__(self) -> None:
         checks = (
@@ -576,13 +582,8 @@ def paper_predictions(
         throughput = device_throughput(preset, run.model, stats, reference)
         if ideal_device:
             throughput = replace(throughput, losses=NO_LOSSES)
-        workload = Workload(
-            run.model,
-            stats.parameters,
-            stats.forward_flops,
-            stats.image_size,
-            epochs=run.epochs,
-            global_batch=run.global_batch,
+        workload = Workload.of_model(
+            run.model, stats, epochs=run.epochs, global_batch=run.global_batch
         )
         network = network_from_preset(preset)
         estimate = estimate_step(
@@ -844,11 +845,9 @@ def build_plan(args: argparse.Namespace) -> dict:
         stats = ModelStats(args.params, args.flops, args.image_size or 0)
     else:
         stats = model_statistics(args.model, args.image_size)
-    workload = Workload(
+    workload = Workload.of_model(
         args.model,
-        stats.parameters,
-        stats.forward_flops,
-        stats.image_size,
+        stats,
         dataset_size=args.dataset_size,
         epochs=args.epochs,
         global_batch=args.batch_size,
