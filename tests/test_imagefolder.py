@@ -204,7 +204,8 @@ def test_build_datasets_imagefolder(folder: FolderInfo) -> None:
     assert val.resize_size == 37 and val.image_size == 32
     with pytest.raises(ConfigError, match="needs a folder"):
         build_datasets("imagefolder", path=None, seed=0)
-    with pytest.raises(ConfigError, match="choose one of fashion-mnist, imagefolder, packed, synthetic"):
+    choices = "choose one of fashion-mnist, imagefolder, packed, synthetic"
+    with pytest.raises(ConfigError, match=choices):
         build_datasets("cifar", path=None, seed=0)
     with pytest.raises(ConfigError, match="on_broken must be one of skip, error"):
         build_datasets("imagefolder", path=str(folder.root), seed=0, on_broken="ignore")
