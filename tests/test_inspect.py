@@ -12,6 +12,7 @@ from torch import nn
 from bigbatch import inspect_ratios
 from bigbatch.errors import ConfigError
 from bigbatch.inspect_ratios import ParameterRatio, first_iteration_ratios, spread_summary
+from bigbatch.models.alexnet import alexnet
 
 
 def parser_with_inspect() -> argparse.ArgumentParser:
@@ -58,17 +59,22 @@ def test_ratios_are_weight_norm_over_gradient_norm_of_the_mean_loss():
     assert row.ratio == pytest.approx(math.sqrt(5.0) / float(grad.norm()), rel=1e-5)
 
 
-def test_alexnet_ratios_spread_over_more_than_an_order_of_magnitude(alexnet_output):
-    """The point of Table 2: one global LR cannot suit every layer.
-
-    Measured, not the paper's ordering: with Caffe's init and normalised (std 1) synthetic input,
-    conv1's ratio (~87 at batch 4-8) lies *above* fc6's (~20): the paper has conv1 5.76, fc6 1345.
-    See test_caffe_pixel_scale_brings_conv1_near_the_paper for the input-scale part of the gap.
-    """
+def test_alexnet_fc6_has_the_largest_weight_ratio_and_conv1_the_smallest(alexnet_output):
+    """The order of Table 2's extremes (conv1.w 5.76 lowest, fc6.w 1345 highest), measured on
+    synthetic 227x227 input. The gap is ~3x here, not the paper's 233x: see
+    docs/results/trust_ratio/ for why the fc rows cannot reach it from Caffe's fillers."""
     _, rows = alexnet_output
     weights = {name: r.ratio for name, r in rows.items() if name.endswith(".weight")}
-    assert max(weights.values()) > 10 * min(weights.values()), weights
-    assert weights["fc6.weight"] > weights["fc8.weight"]  # as in the paper: 1345 > 19
+    assert max(weights, key=weights.get) == "fc6.weight", weights
+    assert min(weights, key=weights.get) == "conv1.weight", weights
+    assert weights["fc6.weight"] > 2.5 * weights["conv1.weight"], weights
+
+
+def test_alexnet_ratios_spread_over_two_orders_of_magnitude_across_tensors(alexnet_output):
+    """The point of Table 2: one global LR cannot suit every tensor."""
+    _, rows = alexnet_output
+    finite = [r.ratio for r in rows.values() if math.isfinite(r.ratio) and r.ratio > 0]
+    assert max(finite) > 100 * min(finite)
 
 
 def test_alexnet_bn_fc6_ratio_is_far_above_conv1():
@@ -76,15 +82,18 @@ def test_alexnet_bn_fc6_ratio_is_far_above_conv1():
     assert rows["fc6.weight"] > 10 * rows["conv1.weight"], rows
 
 
-def test_caffe_pixel_scale_brings_conv1_near_the_paper(alexnet_output):
-    """Caffe fed 0-255 pixels (std ~58): conv1's gradient grows with the input scale, its ratio
-    falls from ~87 to ~3 (paper 5.76), and fc6 then lies above conv1 as in the paper."""
-    rows = {r.name: r.ratio for r in inspect_ratios.inspect_model(
-        "alexnet", batch=4, input_std=inspect_ratios.CAFFE_PIXEL_STD)}
-    _, normalised = alexnet_output
-    assert rows["conv1.weight"] < normalised["conv1.weight"].ratio / 10
-    assert 1.0 < rows["conv1.weight"] < 4 * 5.76
-    assert rows["fc6.weight"] > rows["conv1.weight"]
+def test_caffe_input_scale_brings_conv1_near_the_paper(alexnet_output):
+    """Caffe fed 0-255 pixels: without the model's input scale (input_scale=1) conv1 sees 58x
+    smaller inputs, its gradient shrinks with them and its ratio lands far above the paper's
+    5.76 and above fc6's; with it (the default) conv1 is within 3x of the paper."""
+    _, rows = alexnet_output
+    assert 5.76 / 3 < rows["conv1.weight"].ratio < 5.76 * 3
+    torch.manual_seed(0)
+    unscaled = alexnet(1000, input_scale=1.0)
+    images, labels, _ = inspect_ratios.inspection_batch("synthetic", 4, 227, seed=0)
+    unscaled_rows = {r.name: r.ratio for r in first_iteration_ratios(unscaled, images, labels)}
+    assert unscaled_rows["conv1.weight"] > 10 * rows["conv1.weight"].ratio
+    assert unscaled_rows["conv1.weight"] > unscaled_rows["fc6.weight"]
 
 
 def test_alexnet_table_prints_a_row_per_parameter_with_the_paper_column(alexnet_output):
@@ -128,3 +137,23 @@ def test_small_model_on_fashion_mnist_gives_finite_ratios_for_every_parameter():
     assert [r.name for r in rows if r.ratio == 0] == [
         f"features.block{k}.1.bias" for k in (1, 2, 3)]
     assert all(r.ratio > 0 and r.grad_norm > 0 for r in rows if r.weight_norm > 0)
+
+
+def test_model_options_reach_the_inspected_model(capsys):
+    args = parser_with_inspect().parse_args(
+        ["inspect", "--model", "small_cnn", "--option", "width=8", "--batch", "2"])
+    assert args.handler(args) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("small_cnn, width=8: first iteration")
+    first_conv = [line for line in text.splitlines() if line.startswith("features.block1.0.weight")]
+    assert first_conv and first_conv[0].split()[1] == "8x3x3x3"  # synthetic RGB
+
+
+@pytest.mark.parametrize("option, words", [
+    ("width", "--option expects key=value"),
+    ("no_such=1", "unknown option 'no_such'"),
+])
+def test_bad_model_options_are_config_errors(option, words):
+    args = parser_with_inspect().parse_args(["inspect", "--model", "small_cnn", "--option", option])
+    with pytest.raises(ConfigError, match=words):
+        args.handler(args)

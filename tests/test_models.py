@@ -89,7 +89,9 @@ def test_model_spec_is_frozen_and_exposes_option_defaults() -> None:
     spec = model_spec("alexnet_bn")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.name = "other"  # type: ignore[misc]
-    assert dict(spec.options) == {"dropout": 0.5, "bn_affine": False, "init": "caffe"}
+    assert dict(spec.options) == {
+        "dropout": 0.5, "bn_affine": False, "init": "caffe", "input_scale": None
+    }
     assert dict(model_spec("resnet50").options) == {"zero_init_residual": False}
     assert dict(model_spec("small_resnet").options) == {
         "width": 32,
@@ -243,6 +245,30 @@ def test_alexnet_caffe_init_fillers() -> None:
     assert torch_init.conv1.weight.std().item() == pytest.approx((3 * 363) ** -0.5, rel=0.03)
 
 
+def test_caffe_alexnet_scales_normalised_input_to_caffe_pixel_units() -> None:
+    """Caffe's fillers were made for mean-subtracted 0-255 pixels (std ~58); the model rescales
+    unit-std input by 255 x ImageNet's mean channel std, and Kaiming init keeps scale 1."""
+    from bigbatch.models.alexnet import CAFFE_INPUT_SCALE
+
+    assert CAFFE_INPUT_SCALE == pytest.approx(57.63, abs=0.01)
+    assert create_model("alexnet", 10).input_scale == CAFFE_INPUT_SCALE
+    assert create_model("alexnet_bn", 10).input_scale == CAFFE_INPUT_SCALE
+    assert create_model("alexnet", 10, init="torch").input_scale == 1.0
+    torch.manual_seed(0)
+    scaled = create_model("alexnet", 10, dropout=0.0).eval()
+    torch.manual_seed(0)
+    unscaled = create_model("alexnet", 10, dropout=0.0, input_scale=1.0).eval()
+    images = torch.randn(2, 3, 67, 67)
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(images), unscaled(images * CAFFE_INPUT_SCALE))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "58", True])
+def test_alexnet_rejects_a_bad_input_scale(bad: object) -> None:
+    with pytest.raises(ValueError, match="input_scale must be a positive number"):
+        create_model("alexnet", 10, input_scale=bad)
+
+
 def test_resnet_in_channels_replaces_only_the_stem() -> None:
     with torch.device("meta"):
         gray = create_model("resnet50", 10, in_channels=1)
@@ -336,3 +362,15 @@ def test_forward_flops_leaves_a_real_model_untouched() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)  # BN stats not updated
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert not model._forward_hooks and not model.stem[0]._forward_hooks
+
+
+def test_models_command_lists_every_model_with_its_options(capsys) -> None:
+    from bigbatch.cli import main
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines if not line.startswith(" ")]
+    assert names == model_names()
+    alexnet_options = lines[names.index("alexnet") * 2 + 1]
+    assert "model.options" in alexnet_options
+    assert "init=caffe" in alexnet_options and "input_scale=auto" in alexnet_options

@@ -265,8 +265,22 @@ def run_models(args: argparse.Namespace) -> int:
     from bigbatch.models import model_names, model_spec
 
     for name in model_names():
-        print(f"{name:16s} {model_spec(name).description}")
+        spec = model_spec(name)
+        print(f"{name:16s} {spec.description}")
+        if spec.options:
+            defaults = ", ".join(f"{key}={_option_text(value)}"
+                                 for key, value in spec.options.items())
+            print(f"{'':16s} options (--set model.options.NAME=VALUE): {defaults}")
     return 0
+
+
+def _option_text(default: object) -> str:
+    """How a default reads on the command line (YAML spelling; None is 'auto')."""
+    if default is None:
+        return "auto"
+    if isinstance(default, bool):
+        return str(default).lower()
+    return str(default)
 
 
 if __name__ == "__main__":

@@ -199,11 +199,13 @@ def _type_word(hint: Any) -> str:
     return "text"
 
 
-def apply_overrides(raw: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
-    """Apply `key=value` assignments (dotted keys, YAML values) to a nested dict."""
+def apply_overrides(raw: dict[str, Any], assignments: list[str], flag: str = "--set"
+                    ) -> dict[str, Any]:
+    """Apply `key=value` assignments (dotted keys, YAML values) to a nested dict; ``flag`` names
+    the command-line option they came from in errors."""
     for assignment in assignments:
         if "=" not in assignment:
-            raise ConfigError(f"--set expects key=value, got '{assignment}'")
+            raise ConfigError(f"{flag} expects key=value, got '{assignment}'")
         key, text = assignment.split("=", 1)
         try:
             value = yaml.safe_load(text) if text else None

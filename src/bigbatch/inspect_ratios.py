@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bigbatch.config import apply_overrides
 from bigbatch.errors import ConfigError
 
 # LARS paper Table 2: AlexNet, first iteration (PAPER.md §2). Keys are our parameter names.
@@ -36,7 +37,6 @@ PAPER_ALEXNET_RATIOS = {
 }
 INSPECT_DATA = ("synthetic", "fashion-mnist")
 SYNTHETIC_CLASSES = 1000  # ImageNet's, so fc8 has the paper's shape
-CAFFE_PIXEL_STD = 58.0  # std of ImageNet pixels in 0-255 units, Caffe's input scale
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,9 @@ def inspection_batch(data: str, batch: int, image_size: int, seed: int, input_st
     """(images, labels, number of classes) of the batch to inspect on.
 
     Synthetic: Gaussian images of the requested size with standard deviation ``input_std`` and
-    labels from 1000 classes. 1.0 is the scale of per-channel normalised images (torchvision's
-    convention and ours); Caffe's AlexNet, where Table 2 was measured, took mean-subtracted
-    0-255 pixels, std about 58 (CAFFE_PIXEL_STD). Fashion-MNIST: the first validation examples
+    labels from 1000 classes. 1.0 is the scale of per-channel normalised images, what the
+    training pipeline feeds every model (a Caffe-initialised AlexNet rescales them to Caffe's
+    0-255 pixel units itself, see models.alexnet). Fashion-MNIST: the first validation examples
     (no augmentation), resized to ``image_size`` if the model needs it, times ``input_std``.
     """
     if data == "synthetic":
@@ -118,19 +118,23 @@ def _model_spec_or_error(model_spec, name: str):
         raise ConfigError(str(error).strip("'\"")) from None
 
 
-def build_fresh_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.Module:
+def build_fresh_model(name: str, num_classes: int, in_channels: int, seed: int,
+                      options: dict | None = None) -> nn.Module:
+    """``name`` with fresh weights from ``seed``; ``options`` are the model's keyword options."""
     from bigbatch.models import create_model
 
     torch.manual_seed(seed)
     try:
-        return create_model(name, num_classes, in_channels)
+        return create_model(name, num_classes, in_channels, **(options or {}))
     except (KeyError, ValueError) as error:
         raise ConfigError(str(error).strip("'\"")) from None
 
 
 def inspect_model(model_name: str, data: str = "synthetic", image_size: int | None = None,
-                  batch: int = 8, seed: int = 0, input_std: float = 1.0) -> list[ParameterRatio]:
-    """The first-iteration table of ``model_name`` (fresh weights from ``seed``)."""
+                  batch: int = 8, seed: int = 0, input_std: float = 1.0,
+                  options: dict | None = None) -> list[ParameterRatio]:
+    """The first-iteration table of ``model_name`` (fresh weights from ``seed``, built with the
+    model ``options``, e.g. ``{"init": "torch"}``)."""
     if data not in INSPECT_DATA:
         raise ConfigError(f"--data '{data}' is not supported; choose {' or '.join(INSPECT_DATA)}")
     if batch < 2:
@@ -141,7 +145,7 @@ def inspect_model(model_name: str, data: str = "synthetic", image_size: int | No
     if not (input_std > 0 and math.isfinite(input_std)):
         raise ConfigError(f"--input-std must be a positive number, got {input_std}")
     images, labels, num_classes = inspection_batch(data, batch, size, seed, input_std)
-    model = build_fresh_model(model_name, num_classes, images.shape[1], seed)
+    model = build_fresh_model(model_name, num_classes, images.shape[1], seed, options)
     try:
         return first_iteration_ratios(model, images, labels)
     except RuntimeError as error:
@@ -196,23 +200,29 @@ def add_inspect_command(commands) -> argparse.ArgumentParser:
     command.add_argument("--batch", type=int, default=8, help="examples in the batch")
     command.add_argument("--seed", type=int, default=0, help="initialisation and data seed")
     command.add_argument("--input-std", type=float, default=1.0,
-                         help="scale of the input: 1 = normalised images (default); "
-                              f"{CAFFE_PIXEL_STD:g} = Caffe's mean-subtracted 0-255 pixels")
+                         help="scale of the input relative to normalised images (default 1, "
+                              "what training feeds the model)")
+    command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                         help="model option, e.g. --option init=torch (repeatable; the options "
+                              "of a model are listed by `bigbatch models`)")
     command.set_defaults(handler=run_inspect_command)
     return command
 
 
 def run_inspect_command(args: argparse.Namespace) -> int:
+    options = apply_overrides({}, args.option, flag="--option")
     rows = inspect_model(args.model, args.data, args.image_size, args.batch, args.seed,
-                         args.input_std)
+                         args.input_std, options)
     paper = paper_values_for(args.model)
     size = args.image_size or default_image_size(args.model, args.data)
-    print(f"{args.model}: first iteration, {args.data} data, batch {args.batch}, "
+    chosen = "".join(f", {key}={value}" for key, value in options.items())
+    print(f"{args.model}{chosen}: first iteration, {args.data} data, batch {args.batch}, "
           f"{size}x{size} input of std {args.input_std:g}, fresh weights (seed {args.seed})")
     print(format_table(rows, paper))
     print(spread_summary(rows))
     if paper is not None:
         print("paper: LARS paper (You, Gitman, Ginsburg 2017) Table 2, AlexNet on ImageNet in "
-              "Caffe (0-255 pixels); the ratios depend on the data, its scale and the batch, so "
-              "compare the spread across layers rather than single values")
+              "Caffe; every ratio grows about as sqrt(batch) and depends on the data, so compare "
+              "the order and spread across layers rather than single values "
+              "(docs/results/trust_ratio/)")
     return 0

@@ -18,6 +18,15 @@ BatchNorm immediately *before* conv2, conv3, conv4 and conv5 (``bn2`` .. ``bn5``
 pool2, relu3 and relu4). Those BN layers are Caffe ``BatchNorm`` layers: moving-average fraction
 0.9 (PyTorch momentum 0.1), eps 1e-4 and no learnable scale or shift (``bn_affine=False``).
 
+Input scale: Caffe fed mean-subtracted 0-255 pixels (standard deviation about 58), and the
+Gaussian fillers (std 0.01) were chosen for that scale. bigbatch feeds images normalised to unit
+standard deviation, so a Caffe-initialised AlexNet multiplies its input by ``CAFFE_INPUT_SCALE``
+(255 x ImageNet's mean per-channel std, 57.6) before conv1: the network then sees what Caffe's
+saw, up to 1.5% per channel. Without it conv1's activations and gradients are 58x too small,
+which changes the starting point of the paper's SGD recipes and the first-iteration ‖w‖/‖∇w‖
+table (conv1 ~100 instead of ~4). ``init="torch"`` (Kaiming, made for unit-variance inputs) uses
+scale 1; ``input_scale`` overrides either.
+
 Pooling uses ``ceil_mode=True`` because Caffe rounds pooling output sizes up; at 227 this is the
 same as flooring (55 -> 27 -> 13 -> 6). The adaptive average pool before fc6 is the identity at
 227; for other sizes it resamples the pool5 map to 6x6 so that the fc6 weight shape (and the
@@ -28,6 +37,7 @@ smallest size worth training at (e.g. 64x64 downsampled ImageNet).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Literal
 
@@ -35,6 +45,10 @@ import torch
 from torch import nn
 
 MIN_INPUT_SIZE = 39
+
+# Standard deviation of ImageNet pixels in Caffe's 0-255 units: 255 x the mean of the per-channel
+# stds (0.229, 0.224, 0.225) that normalised inputs are divided by.
+CAFFE_INPUT_SCALE = 255 * (0.229 + 0.224 + 0.225) / 3
 
 # Caffe's LRN divides alpha by local_size, exactly like nn.LocalResponseNorm; bvlc_alexnet
 # leaves k at Caffe's default of 1 (the 2012 paper used k = 2).
@@ -141,12 +155,14 @@ class AlexNet(nn.Sequential):
         bn_affine: bool = False,
         dropout: float = 0.5,
         init: InitScheme = "caffe",
+        input_scale: float | None = None,
     ) -> None:
         layers = _feature_layers(in_channels, batch_norm, bn_affine)
         layers.update(_classifier_layers(num_classes, dropout))
         super().__init__(layers)
         if init == "caffe":
             _apply_caffe_init(self)
+        self.input_scale = _default_input_scale(init) if input_scale is None else input_scale
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         # Checked here because below the minimum PyTorch fails deep inside pool5 with a message
@@ -156,6 +172,8 @@ class AlexNet(nn.Sequential):
                 f"AlexNet needs inputs of at least {MIN_INPUT_SIZE}x{MIN_INPUT_SIZE}, "
                 f"got {tuple(images.shape[-2:])}"
             )
+        if self.input_scale != 1.0:
+            images = images * self.input_scale
         return super().forward(images)
 
 
@@ -173,11 +191,21 @@ def _apply_caffe_init(model: nn.Module) -> None:
         nn.init.constant_(layer.bias, bias)
 
 
-def _check_options(dropout: float, init: str) -> None:
+def _default_input_scale(init: str) -> float:
+    """Caffe's fillers expect 0-255 pixels; Kaiming's expect unit variance."""
+    return CAFFE_INPUT_SCALE if init == "caffe" else 1.0
+
+
+def _check_options(dropout: float, init: str, input_scale: float | None) -> None:
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if init not in ("caffe", "torch"):
         raise ValueError(f"init must be 'caffe' or 'torch', got {init!r}")
+    if input_scale is not None and not (
+        isinstance(input_scale, (int, float)) and not isinstance(input_scale, bool)
+        and math.isfinite(input_scale) and input_scale > 0
+    ):
+        raise ValueError(f"input_scale must be a positive number, got {input_scale!r}")
 
 
 def alexnet(
@@ -186,10 +214,13 @@ def alexnet(
     *,
     dropout: float = 0.5,
     init: InitScheme = "caffe",
+    input_scale: float | None = None,
 ) -> AlexNet:
-    """The original AlexNet with LRN (Krizhevsky et al. 2012, Caffe ``bvlc_alexnet`` layout)."""
-    _check_options(dropout, init)
-    return AlexNet(num_classes, in_channels, batch_norm=False, dropout=dropout, init=init)
+    """The original AlexNet with LRN (Krizhevsky et al. 2012, Caffe ``bvlc_alexnet`` layout).
+    ``input_scale`` None: CAFFE_INPUT_SCALE with Caffe's init, 1 with PyTorch's."""
+    _check_options(dropout, init, input_scale)
+    return AlexNet(num_classes, in_channels, batch_norm=False, dropout=dropout, init=init,
+                   input_scale=input_scale)
 
 
 def alexnet_bn(
@@ -199,9 +230,12 @@ def alexnet_bn(
     dropout: float = 0.5,
     bn_affine: bool = False,
     init: InitScheme = "caffe",
+    input_scale: float | None = None,
 ) -> AlexNet:
-    """AlexNet-BN of the paper: LRN removed, BatchNorm before conv2..conv5 (PAPER.md §3)."""
-    _check_options(dropout, init)
+    """AlexNet-BN of the paper: LRN removed, BatchNorm before conv2..conv5 (PAPER.md §3).
+    ``input_scale`` as for ``alexnet`` (BN after pool1 makes it matter for conv1 alone)."""
+    _check_options(dropout, init, input_scale)
     return AlexNet(
-        num_classes, in_channels, batch_norm=True, bn_affine=bn_affine, dropout=dropout, init=init
+        num_classes, in_channels, batch_norm=True, bn_affine=bn_affine, dropout=dropout, init=init,
+        input_scale=input_scale,
     )
