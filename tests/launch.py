@@ -14,6 +14,10 @@ import torch
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 # A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64.
+# LR 0.5: runs on different process layouts differ only in the order in which micro-batch
+# gradients are summed (1e-7 after a step), and at LR 2 the BatchNorm and bias tensors (plain
+# SGD at the global LR) amplified that ~2.5x a step, to 5e-4 after 8 steps on an AVX2 machine;
+# at 0.5 it stays at 3e-7, so the 1e-5 invariance checks test the engine, not the dynamics.
 TINY = [
     "--dataset",
     "fashion-mnist",
@@ -26,7 +30,7 @@ TINY = [
     "--epochs",
     "2",
     "--lr",
-    "2.0",
+    "0.5",
     "--warmup-epochs",
     "0.5",
     "--model",
