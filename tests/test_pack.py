@@ -12,7 +12,7 @@ import pytest
 import torch
 from imagegen import FolderInfo, make_image_folder
 
-from bigbatch.data import build_datasets
+from bigbatch.data import build_datasets, decode
 from bigbatch.data.imagefolder import ImageFolderData
 from bigbatch.data.pack import PackedImages, pack_imagefolder, shrunk_size
 from bigbatch.data.transforms import normalize_images
@@ -167,3 +167,28 @@ def test_uint8_output_normalised_on_device_matches(packed: Path, clean: FolderIn
         assert raw.dtype == torch.uint8 and raw.shape == floats.shape
         torch.testing.assert_close(normalize_images(raw), floats, atol=1e-5, rtol=0)
         assert normalize_images(floats) is floats
+
+
+def test_packed_jpeg_training_crops_take_the_tensor_decode_route(
+        tmp_path: Path, clean: FolderInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training crops of packed JPEGs are decoded like the image folder's (data/decode.py route
+    1: libjpeg-turbo into a tensor, torch resize), not through PIL."""
+    if decode.decode_jpeg is None:
+        pytest.skip("this torchvision has no JPEG decoder")
+    # stored at most 73 pixels high: no crop is big enough for PIL's reduced-scale decoding
+    pack_imagefolder(clean.root, tmp_path / "out", encoding="jpeg", workers=1,
+                     short_side=RESIZE)
+    dataset = PackedImages(tmp_path / "out", "train", train=True, seed=5, image_size=SIZE)
+    calls = []
+    real = decode.turbo_crop
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "turbo_crop", counting)
+    batch = dataset.__getitems__([(i, 0) for i in range(len(dataset))])
+    assert len(batch) == len(dataset) and not batch.skipped
+    # every stored image is a 3-component JPEG (packing converts to RGB) and every training
+    # box lies on whole pixels
+    assert len(calls) == len(dataset)

@@ -136,15 +136,22 @@ def turbo_crop(data: bytes, frame: JpegFrame, box: Box, out_size: int) -> torch.
 def decode_crop_planes(
     path: str | os.PathLike, box_for_size: BoxForSize, out_size: int, fast_decode: bool, flip: bool
 ) -> torch.Tensor:
-    """The region ``box_for_size(width, height)`` of the image at ``path`` resampled to a
+    """``crop_planes`` of the image file at ``path``."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return crop_planes(data, box_for_size, out_size, fast_decode, flip)
+
+
+def crop_planes(
+    data: bytes, box_for_size: BoxForSize, out_size: int, fast_decode: bool, flip: bool
+) -> torch.Tensor:
+    """The region ``box_for_size(width, height)`` of the encoded image ``data`` resampled to a
     3 x out_size x out_size uint8 tensor, mirrored left-right if ``flip``.
 
     ``fast_decode`` lets PIL decode JPEGs at reduced scale when that loses no output
     resolution (transforms.load_crop). Raises one of transforms.DECODE_ERRORS for unreadable
     data.
     """
-    with open(path, "rb") as handle:
-        data = handle.read()
     frame = jpeg_frame(data)
     if frame is not None:
         box = box_for_size(frame.width, frame.height)

@@ -38,11 +38,11 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from bigbatch.data.batch import Batch, load_batch, normalize_key
+from bigbatch.data.decode import crop_planes
 from bigbatch.data.imagefolder import ON_BROKEN, check_data_root, scan_split
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
     Box,
-    decode_crop,
     eval_resize_size,
     example_crop,
     image_planes,
@@ -394,16 +394,14 @@ class PackedImages(Dataset):
         box_for_size, flip = example_crop(self.train, self.seed, epoch, index, self.image_size,
                                           self.resize_size)
         data = self.record(index)
-        if self.encoding == "raw":
-            row = self.rows[index]
-            height, width = int(self.index.height[row]), int(self.index.width[row])
-            image = Image.frombuffer("RGB", (width, height), data, "raw", "RGB", 0, 1)
-            box: Box = box_for_size(width, height)
-            crop = resample_crop(image, box, self.image_size)
-        else:
-            crop = decode_crop(io.BytesIO(data.tobytes()), box_for_size, self.image_size,
-                               self.fast_decode)
-        return image_planes(crop, flip)
+        if self.encoding != "raw":
+            return crop_planes(data.tobytes(), box_for_size, self.image_size, self.fast_decode,
+                               flip)
+        row = self.rows[index]
+        height, width = int(self.index.height[row]), int(self.index.width[row])
+        image = Image.frombuffer("RGB", (width, height), data, "raw", "RGB", 0, 1)
+        box: Box = box_for_size(width, height)
+        return image_planes(resample_crop(image, box, self.image_size), flip)
 
     def _broken(self, index: int, error: Exception) -> str:
         name = f"{self.root / self.split}[{index}] ({self.source(index)})"

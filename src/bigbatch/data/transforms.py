@@ -8,12 +8,10 @@ augmentation depend on the worker and on what it drew before).
 from __future__ import annotations
 
 import math
-import os
 import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -130,9 +128,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode_crop(source: str | os.PathLike | BinaryIO, box_for_size: BoxForSize, out_size: int,
-                fast_decode: bool) -> Image.Image:
-    """Decode an image fully and resample the region ``box_for_size(width, height)`` to an
+def load_crop(image: Image.Image, box: Box, out_size: int, fast_decode: bool) -> Image.Image:
+    """Decode the opened (not yet loaded) ``image`` and resample its region ``box`` to an
     out_size x out_size RGB image.
 
     With ``fast_decode``, JPEGs are decoded at 1/2, 1/4 or 1/8 scale (libjpeg DCT scaling via
@@ -141,12 +138,6 @@ def decode_crop(source: str | os.PathLike | BinaryIO, box_for_size: BoxForSize, 
     files raise here instead of silently yielding gray rows (PIL's LOAD_TRUNCATED_IMAGES is
     left False). Raises one of DECODE_ERRORS for unreadable data.
     """
-    with Image.open(source) as image:
-        return load_crop(image, box_for_size(*image.size), out_size, fast_decode)
-
-
-def load_crop(image: Image.Image, box: Box, out_size: int, fast_decode: bool) -> Image.Image:
-    """decode_crop on an opened (not yet loaded) image whose crop box is already drawn."""
     if fast_decode and image.format == "JPEG":
         factor = draft_factor(box, out_size)
         if factor > 1:
