@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 
 import pytest
 import torch
+from imagegen import make_image_folder
 from torch import nn
 
 from bigbatch import inspect_ratios
@@ -117,7 +119,9 @@ def test_spread_summary_names_the_extremes():
 
 @pytest.mark.parametrize("argv, words", [
     (["--model", "no_such_model"], "no_such_model"),
-    (["--model", "small_cnn", "--data", "imagenet"], "not supported"),
+    (["--model", "small_cnn", "--dataset", "imagenet"], "not supported"),
+    (["--model", "small_cnn", "--dataset", "imagefolder"], "needs a folder"),
+    (["--model", "small_cnn", "--dataset", "fashion-mnist", "--batch", "10001"], "larger than"),
     (["--model", "small_cnn", "--batch", "1"], "at least 2"),
     (["--model", "small_cnn", "--input-std", "0"], "positive"),
 ])
@@ -125,6 +129,24 @@ def test_bad_inputs_are_config_errors(argv, words):
     args = parser_with_inspect().parse_args(["inspect", *argv])
     with pytest.raises(ConfigError, match=words):
         args.handler(args)
+
+
+def test_image_folder_batch_skips_and_reports_unreadable_images(tmp_path, caplog):
+    """Real data from an ImageNet-style folder: validation images spread over the classes; a
+    broken file is left out with a warning, not a crash."""
+    info = make_image_folder(tmp_path, per_class=2, val_per_class=3, broken=False)
+    broken = tmp_path / "val" / info.classes[1] / "zero_bytes.JPEG"
+    broken.write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        images, labels, classes = inspect_ratios.real_batch("imagefolder", str(tmp_path), 10,
+                                                            32, seed=0)
+    assert classes == len(info.classes)
+    assert images.shape == (9, 3, 32, 32) and len(labels) == 9  # 10 chosen, 1 unreadable
+    assert sorted(set(labels.tolist())) == [0, 1, 2]
+    assert "zero_bytes.JPEG" in caplog.text and "1 of the 10 chosen" in caplog.text
+    rows = inspect_ratios.inspect_model("small_cnn", "imagefolder", 32, 4, 0,
+                                        data_path=str(tmp_path))
+    assert rows and all(math.isfinite(r.ratio) for r in rows)
 
 
 def test_small_model_on_fashion_mnist_gives_finite_ratios_for_every_parameter():

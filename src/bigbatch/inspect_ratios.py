@@ -1,7 +1,8 @@
 """‖w‖/‖∇w‖ per parameter tensor at the first iteration: the table that motivates LARS.
 
     bigbatch inspect --model alexnet                     # synthetic 227x227 input, batch 8
-    bigbatch inspect --model small_resnet --data fashion-mnist
+    bigbatch inspect --model small_resnet --dataset fashion-mnist
+    bigbatch inspect --model alexnet --dataset imagefolder --data /data/imagenet --batch 64
 
 The LARS paper (Table 2) shows that at the first iteration of AlexNet the ratio of weight norm to
 gradient norm differs by more than two orders of magnitude between layers (conv1.w 5.76 vs
@@ -14,6 +15,7 @@ cross-entropy on one batch in training mode, no optimizer step.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from dataclasses import dataclass
 
@@ -22,6 +24,8 @@ from torch import nn
 
 from bigbatch.config import apply_overrides
 from bigbatch.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # LARS paper Table 2: AlexNet, first iteration (PAPER.md §2). Keys are our parameter names.
 PAPER_ALEXNET_RATIOS = {
@@ -35,7 +39,7 @@ PAPER_ALEXNET_RATIOS = {
     "fc7.weight": 489.0,
     "fc8.weight": 19.0,
 }
-INSPECT_DATA = ("synthetic", "fashion-mnist")
+INSPECT_DATA = ("synthetic", "fashion-mnist", "imagefolder", "packed")
 SYNTHETIC_CLASSES = 1000  # ImageNet's, so fc8 has the paper's shape
 
 
@@ -75,30 +79,49 @@ def first_iteration_ratios(model: nn.Module, images: torch.Tensor,
     return rows
 
 
-def inspection_batch(data: str, batch: int, image_size: int, seed: int, input_std: float = 1.0
-                     ) -> tuple[torch.Tensor, torch.Tensor, int]:
+def inspection_batch(data: str, batch: int, image_size: int, seed: int, input_std: float = 1.0,
+                     data_path: str | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(images, labels, number of classes) of the batch to inspect on.
 
     Synthetic: Gaussian images of the requested size with standard deviation ``input_std`` and
     labels from 1000 classes. 1.0 is the scale of per-channel normalised images, what the
     training pipeline feeds every model (a Caffe-initialised AlexNet rescales them to Caffe's
-    0-255 pixel units itself, see models.alexnet). Fashion-MNIST: the first validation examples
-    (no augmentation), resized to ``image_size`` if the model needs it, times ``input_std``.
+    0-255 pixel units itself, see models.alexnet). Real data: ``real_batch``, times ``input_std``.
     """
     if data == "synthetic":
         generator = torch.Generator().manual_seed(seed)
         images = torch.randn((batch, 3, image_size, image_size), generator=generator)
         labels = torch.randint(0, SYNTHETIC_CLASSES, (batch,), generator=generator)
         return images * input_std, labels, SYNTHETIC_CLASSES
+    images, labels, classes = real_batch(data, data_path, batch, image_size, seed)
+    return images * input_std, labels, classes
+
+
+def real_batch(data: str, data_path: str | None, batch: int, image_size: int, seed: int
+               ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``batch`` validation examples spread evenly over the validation set of ``data`` (no
+    augmentation, normalised as for training), at ``image_size``. Unreadable images are left
+    out and reported; fewer than two readable ones is an error."""
     from bigbatch.data import build_datasets
 
-    _, val = build_datasets("fashion-mnist", path=None, seed=seed)
-    loaded = val.__getitems__(list(range(batch)))
+    folder_data = data in ("imagefolder", "packed")
+    _, val = build_datasets(data, path=data_path, seed=seed,
+                            image_size=image_size if folder_data else None)
+    if batch > len(val):
+        raise ConfigError(f"--batch {batch} is larger than the validation set of {data} "
+                          f"({len(val)} examples)")
+    indices = torch.linspace(0, len(val) - 1, batch).round().long().tolist()
+    loaded = val.__getitems__(indices)
+    if loaded.skipped:
+        log.warning("%d of the %d chosen images could not be read and are left out",
+                    len(loaded.skipped), batch)
+    if len(loaded) < 2:
+        raise ConfigError(f"fewer than 2 readable images among the {batch} chosen from {data}")
     images = loaded.images
     if images.shape[-1] != image_size:
         images = nn.functional.interpolate(images, size=(image_size, image_size),
                                            mode="bilinear", align_corners=False)
-    return images * input_std, loaded.labels, len(val.classes)
+    return images, loaded.labels, len(val.classes)
 
 
 def default_image_size(model_name: str, data: str) -> int:
@@ -132,11 +155,14 @@ def build_fresh_model(name: str, num_classes: int, in_channels: int, seed: int,
 
 def inspect_model(model_name: str, data: str = "synthetic", image_size: int | None = None,
                   batch: int = 8, seed: int = 0, input_std: float = 1.0,
-                  options: dict | None = None) -> list[ParameterRatio]:
+                  options: dict | None = None, data_path: str | None = None
+                  ) -> list[ParameterRatio]:
     """The first-iteration table of ``model_name`` (fresh weights from ``seed``, built with the
-    model ``options``, e.g. ``{"init": "torch"}``)."""
+    model ``options``, e.g. ``{"init": "torch"}``) on a batch of data set ``data`` (read from
+    ``data_path`` where it needs a folder)."""
     if data not in INSPECT_DATA:
-        raise ConfigError(f"--data '{data}' is not supported; choose {' or '.join(INSPECT_DATA)}")
+        raise ConfigError(f"--dataset '{data}' is not supported; choose one of "
+                          f"{', '.join(INSPECT_DATA)}")
     if batch < 2:
         raise ConfigError(f"--batch must be at least 2 (BatchNorm needs two examples), got {batch}")
     size = image_size or default_image_size(model_name, data)
@@ -144,7 +170,7 @@ def inspect_model(model_name: str, data: str = "synthetic", image_size: int | No
         raise ConfigError(f"--image-size must be positive, got {size}")
     if not (input_std > 0 and math.isfinite(input_std)):
         raise ConfigError(f"--input-std must be a positive number, got {input_std}")
-    images, labels, num_classes = inspection_batch(data, batch, size, seed, input_std)
+    images, labels, num_classes = inspection_batch(data, batch, size, seed, input_std, data_path)
     model = build_fresh_model(model_name, num_classes, images.shape[1], seed, options)
     try:
         return first_iteration_ratios(model, images, labels)
@@ -194,7 +220,10 @@ def add_inspect_command(commands) -> argparse.ArgumentParser:
         description="Print the ratio of weight norm to gradient norm of every parameter tensor "
                     "of a fresh model after one forward/backward pass (LARS paper, Table 2).")
     command.add_argument("--model", required=True, help="model name (see `bigbatch models`)")
-    command.add_argument("--data", default="synthetic", help="synthetic or fashion-mnist")
+    command.add_argument("--dataset", default="synthetic",
+                         help=f"data set: {', '.join(INSPECT_DATA)} (default synthetic)")
+    command.add_argument("--data", default=None, metavar="DIR",
+                         help="data folder (imagefolder and packed; optional for fashion-mnist)")
     command.add_argument("--image-size", type=int, default=None,
                          help="input side (default: the model's, e.g. 227 for AlexNet)")
     command.add_argument("--batch", type=int, default=8, help="examples in the batch")
@@ -211,12 +240,12 @@ def add_inspect_command(commands) -> argparse.ArgumentParser:
 
 def run_inspect_command(args: argparse.Namespace) -> int:
     options = apply_overrides({}, args.option, flag="--option")
-    rows = inspect_model(args.model, args.data, args.image_size, args.batch, args.seed,
-                         args.input_std, options)
+    rows = inspect_model(args.model, args.dataset, args.image_size, args.batch, args.seed,
+                         args.input_std, options, args.data)
     paper = paper_values_for(args.model)
-    size = args.image_size or default_image_size(args.model, args.data)
+    size = args.image_size or default_image_size(args.model, args.dataset)
     chosen = "".join(f", {key}={value}" for key, value in options.items())
-    print(f"{args.model}{chosen}: first iteration, {args.data} data, batch {args.batch}, "
+    print(f"{args.model}{chosen}: first iteration, {args.dataset} data, batch {args.batch}, "
           f"{size}x{size} input of std {args.input_std:g}, fresh weights (seed {args.seed})")
     print(format_table(rows, paper))
     print(spread_summary(rows))
