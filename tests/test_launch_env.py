@@ -6,6 +6,7 @@ import pytest
 import torch.distributed as dist
 from launch import free_port
 
+from bigbatch.data import loader
 from bigbatch.distributed import (
     elastic_attempt_store,
     first_slurm_host,
@@ -126,3 +127,31 @@ def test_slurm_task_counts_expand_and_reject_garbage():
     assert slurm_tasks_per_node("4(x2),2,1(x3)") == [4, 4, 2, 1, 1, 1]
     with pytest.raises(ConfigError, match="SLURM_TASKS_PER_NODE"):
         slurm_tasks_per_node("four")
+
+
+def test_launch_env_carries_the_process_count_of_this_node():
+    torchrun = launch_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                           "LOCAL_WORLD_SIZE": "4"})
+    slurm = launch_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1",
+                        "SLURM_TASKS_PER_NODE": "4,2", "SLURM_NODEID": "1",
+                        "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert (torchrun.local_world_size, slurm.local_world_size, launch_env({}).local_world_size) \
+        == (4, 2, 1)
+
+
+def test_loader_workers_share_the_node_cores_between_its_processes(monkeypatch):
+    """Image-folder data: each rank gets its share of the node's cores minus one for itself."""
+    import torch
+
+    from bigbatch import build
+    from bigbatch.config import RunConfig
+    from bigbatch.distributed import DistContext
+
+    monkeypatch.setattr(loader, "available_cores", lambda: 16)
+    cfg = RunConfig()
+    cfg.data.name = "imagefolder"
+    alone = DistContext(0, 1, 0, None, torch.device("cpu"))
+    four = DistContext(0, 4, 0, "gloo", torch.device("cpu"), local_world_size=4)
+    assert (build.workers_for(cfg, alone), build.workers_for(cfg, four)) == (15, 3)
+    cfg.data.workers = 2
+    assert build.workers_for(cfg, four) == 2

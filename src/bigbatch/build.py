@@ -13,7 +13,7 @@ from bigbatch.config import RunConfig
 from bigbatch.data import build_datasets
 from bigbatch.data.loader import default_workers
 from bigbatch.data.sampler import GlobalBatchPlan
-from bigbatch.distributed import DistContext, processes_on_this_node
+from bigbatch.distributed import DistContext
 from bigbatch.errors import ConfigError
 from bigbatch.models import create_model, model_spec
 from bigbatch.optim import LRSchedule, build_optimizer, scale_lr
@@ -173,4 +173,4 @@ def workers_for(cfg: RunConfig, ctx: DistContext) -> int:
         return cfg.data.workers
     if cfg.data.name in ("fashion-mnist", "synthetic"):
         return 0
-    return default_workers(processes_on_this_node())
+    return default_workers(ctx.local_world_size)

@@ -39,6 +39,7 @@ class LaunchEnv:
     master_addr: str | None = None
     master_port: int | None = None
     launcher: str = "none"  # torchrun | slurm | none
+    local_world_size: int = 1  # training processes on this node
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class DistContext:
     local_rank: int
     backend: str | None
     device: torch.device
+    local_world_size: int = 1  # training processes on this node (they share its cores)
 
     @property
     def is_main(self) -> bool:
@@ -69,6 +71,7 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
             master_addr=env.get("MASTER_ADDR"),
             master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
             launcher="torchrun",
+            local_world_size=processes_on_this_node(env),
         )
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "127.0.0.1")
@@ -80,6 +83,7 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
             master_addr=env.get("MASTER_ADDR") or first_slurm_host(nodelist),
             master_port=int(env.get("MASTER_PORT", 29500 + job % 1000)),
             launcher="slurm",
+            local_world_size=processes_on_this_node(env),
         )
     return LaunchEnv()
 
@@ -135,7 +139,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Di
     chosen = choose_backend(backend)
     device = _device_for(chosen, env.local_rank)
     if env.world_size == 1:
-        return DistContext(0, 1, 0, None, device)
+        return DistContext(0, 1, 0, None, device, env.local_world_size)
     if env.launcher == "slurm":
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
@@ -150,7 +154,8 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Di
             device_id=device if chosen == "nccl" else None,
         )
     log.debug("rank %d/%d joined (%s, %s)", env.rank, env.world_size, chosen, env.launcher)
-    return DistContext(env.rank, env.world_size, env.local_rank, chosen, device)
+    return DistContext(env.rank, env.world_size, env.local_rank, chosen, device,
+                       env.local_world_size)
 
 
 def elastic_attempt_store(env: LaunchEnv, timeout: timedelta) -> dist.Store | None:
