@@ -251,6 +251,21 @@ def test_trust_ratios_equal_hand_ratios_in_parameter_order():
     torch.testing.assert_close(got, torch.tensor(want, dtype=got.dtype))
 
 
+def test_trust_ratio_parameters_name_each_reported_ratio():
+    """Only lars=True tensors that had a gradient are reported, in order, one ratio each."""
+    adapted, excluded, frozen, last = (nn.Parameter(torch.ones(n)) for n in (2, 3, 4, 5))
+    opt = LARS([{"params": [adapted, frozen, last], "lars": True},
+                {"params": [excluded], "lars": False}], lr=0.1, bucket_bytes=1)
+    assert opt.trust_ratio_parameters() == []
+    adapted.grad, excluded.grad, last.grad = (torch.ones(n) for n in (2, 3, 5))
+    opt.step()
+    reported = opt.trust_ratio_parameters()
+    assert [p is q for p, q in zip(reported, [adapted, last], strict=True)] == [True, True]
+    assert opt.trust_ratios().shape == (2,)
+    opt.load_state_dict(opt.state_dict())
+    assert opt.trust_ratio_parameters() == []
+
+
 @pytest.mark.parametrize("bucket_bytes", [1, 100, 10**9])
 def test_cache_buckets_do_not_change_the_result(bucket_bytes):
     reference, bucketed = make_params(), make_params()

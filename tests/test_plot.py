@@ -28,7 +28,10 @@ def png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def write_run(folder: Path, lars: bool = True) -> Path:
+LAYERS = ("stem.weight", "block.weight", "fc.weight")
+
+
+def write_run(folder: Path, lars: bool = True, per_layer: bool = True) -> Path:
     """A run folder as the engine writes it: train and eval records, NaN spelled as a string."""
     folder.mkdir(parents=True)
     lines = []
@@ -37,6 +40,8 @@ def write_run(folder: Path, lars: bool = True) -> Path:
                   "loss": 2.3 / step ** 0.3, "images_per_second": 1000.0}
         if lars:
             record.update(trust_min=1e-4 * step, trust_median=1e-3, trust_max=2e-2)
+        if lars and per_layer:
+            record["trust_layers"] = dict(zip(LAYERS, (1e-4 * step, 1e-3, 2e-2), strict=True))
         lines.append(record)
         if step % 10 == 0:
             lines.append({"kind": "eval", "step": step, "epoch": step / 10, "top1": 50 + step,
@@ -68,6 +73,30 @@ def test_run_plot_is_a_png_with_four_panels_worth_of_pixels(tmp_path):
     width, height = png_size(out)
     assert (width, height) == (1100, 770)  # 10 x 7 inches at 110 dpi
     assert out.stat().st_size > 20_000
+
+
+def test_trust_panel_draws_a_line_per_layer_and_the_median(tmp_path):
+    import matplotlib.pyplot as plt
+
+    train, _ = plot.load_run_metrics(write_run(tmp_path / "run"))
+    figure, ax = plt.subplots()
+    plot.plot_trust_ratios(ax, train)
+    assert len(ax.lines) == len(LAYERS) + 1
+    assert [line.get_label() for line in ax.get_legend().get_lines()] == [
+        "stem.weight", "fc.weight", "median of 3 layers"]
+    assert list(ax.lines[0].get_ydata()[:2]) == [1e-4, 2e-4]  # the first layer, steps 1 and 2
+    assert ax.get_yscale() == "log"
+    plt.close(figure)
+
+
+def test_trust_panel_of_a_run_without_per_layer_records_draws_the_band(tmp_path):
+    import matplotlib.pyplot as plt
+
+    train, _ = plot.load_run_metrics(write_run(tmp_path / "run", per_layer=False))
+    figure, ax = plt.subplots()
+    plot.plot_trust_ratios(ax, train)
+    assert len(ax.lines) == 1 and len(ax.collections) == 1  # median line, min-max band
+    plt.close(figure)
 
 
 def test_run_plot_without_trust_ratios_still_draws(tmp_path):

@@ -122,6 +122,13 @@ def test_train_then_eval_gives_the_same_accuracy(tmp_path):
         "time_optimizer",
     } <= train[0].keys()
     assert train[0]["trust_min"] <= train[0]["trust_median"] <= train[0]["trust_max"]
+    # one ratio per LARS-adapted tensor, by parameter name: the conv and linear weights
+    layers = train[0]["trust_layers"]
+    assert "stem.0.weight" in layers and "head.fc.weight" in layers
+    assert all(name.endswith(".weight") for name in layers)
+    assert "stem.1.weight" not in layers and "stage1.0.bn1.weight" not in layers  # BN: excluded
+    assert min(layers.values()) == pytest.approx(train[0]["trust_min"], rel=1e-6)
+    assert max(layers.values()) == pytest.approx(train[0]["trust_max"], rel=1e-6)
     assert (out / "config.yaml").exists()
     evaluated = json.loads(bigbatch("eval", "--weights", str(out / "final.pt"), check=True).stdout)
     assert evaluated["top1"] == pytest.approx(summary(out)["top1"], abs=1e-9)

@@ -91,6 +91,7 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(ctx.device, memory_format=memory_format)
     optimizer = optimizer_for(cfg, model)
+    parameter_names = {id(p): name for name, p in model.named_parameters()}
     schedule = schedule_for(cfg, plan.steps_per_epoch)
     position = restore(cfg, ctx, run_dir, model, optimizer)
     if ctx.is_main:
@@ -214,6 +215,7 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
                     "images_per_second": images_per_second,
                     **timer.as_record(),
                     **quantiles(trust_ratios(optimizer)),
+                    **layer_trust_ratios(optimizer, parameter_names),
                 }
             )
         if progress is not None:
@@ -310,6 +312,19 @@ def nonfinite_gradients(model: nn.Module) -> torch.Tensor:
 def trust_ratios(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
     getter = getattr(optimizer, "trust_ratios", None)
     return getter() if getter is not None else None
+
+
+def layer_trust_ratios(optimizer: torch.optim.Optimizer, names: dict[int, str]
+                       ) -> dict[str, dict[str, float]]:
+    """``{"trust_layers": {parameter name: λ}}`` of the last LARS step (nothing for other
+    optimizers or before the first step), for per-layer curves (`bigbatch plot`)."""
+    ratios = trust_ratios(optimizer)
+    getter = getattr(optimizer, "trust_ratio_parameters", None)
+    if ratios is None or getter is None:
+        return {}
+    values = ratios.tolist()
+    return {"trust_layers": {names.get(id(p), f"parameter {i}"): value
+                             for i, (p, value) in enumerate(zip(getter(), values, strict=True))}}
 
 
 def report_skipped(paths: list[str], ctx: DistContext) -> int:

@@ -30,6 +30,8 @@ def quantiles(values: torch.Tensor | None) -> dict[str, float]:
 
 
 def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return str(value)

@@ -143,7 +143,7 @@ def load_run_metrics(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def plot_run(folder: Path, out: Path) -> Path:
-    """Loss, top-1 and LR against step, and the per-layer LARS trust ratio band."""
+    """Loss, top-1 and LR against step, and the per-layer LARS trust ratios."""
     train, evaluations = load_run_metrics(folder)
     if not train:
         raise ConfigError(f"{folder / 'metrics.jsonl'} has no training records yet; "
@@ -176,25 +176,54 @@ def plot_run(folder: Path, out: Path) -> Path:
     lr_ax.plot(steps, [_number(r.get("lr")) for r in train], color="tab:purple")
     lr_ax.set_ylabel("global LR γ_t (warmup + decay)")
 
-    trust_ax = axes[1][1]
-    trust = [(r["step"], _number(r.get("trust_min")), _number(r.get("trust_median")),
-              _number(r.get("trust_max"))) for r in train if "trust_median" in r]
-    if trust:
-        t_steps, low, mid, high = zip(*trust, strict=True)
-        trust_ax.fill_between(t_steps, low, high, color="tab:blue", alpha=0.25,
-                              label="min–max over layers")
-        trust_ax.plot(t_steps, mid, color="tab:blue", label="median")
-        trust_ax.set_yscale("log")
-        trust_ax.legend(fontsize=8)
-        trust_ax.set_ylabel("LARS local LR λ_l = η‖w‖/(‖g‖+β‖w‖)")
-    else:
-        _empty_note(trust_ax, "no LARS trust ratios in this run (optimizer is not LARS)")
+    plot_trust_ratios(axes[1][1], train)
     for row in axes:
         for ax in row:
             ax.set_xlabel("global step")
             ax.grid(True, alpha=0.3)
     figure.suptitle(_run_title(folder), fontsize=10)
     return save(figure, out)
+
+
+def plot_trust_ratios(ax, train: list[dict[str, Any]]) -> None:
+    """LARS local LR against step: one line per layer, coloured from the first layer (dark) to
+    the last (yellow), with the median over layers; runs logged before per-layer records get
+    the min-max band over layers instead."""
+    layered = [r for r in train if isinstance(r.get("trust_layers"), dict)]
+    if layered:
+        _plot_layer_lines(ax, layered)
+    elif any("trust_median" in r for r in train):
+        _plot_layer_band(ax, [r for r in train if "trust_median" in r])
+    else:
+        _empty_note(ax, "no LARS trust ratios in this run (optimizer is not LARS)")
+        return
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_ylabel("LARS local LR λ_l = η‖w‖/(‖g‖+β‖w‖)")
+
+
+def _plot_layer_lines(ax, records: list[dict[str, Any]]) -> None:
+    from matplotlib import colormaps
+
+    names = list(dict.fromkeys(name for r in records for name in r["trust_layers"]))
+    colours = colormaps["viridis"]
+    steps = [r["step"] for r in records]
+    for i, name in enumerate(names):
+        values = [_number(r["trust_layers"].get(name)) for r in records]
+        first_or_last = i in (0, len(names) - 1)
+        ax.plot(steps, values, color=colours(i / max(1, len(names) - 1)), linewidth=0.7,
+                alpha=0.8, label=name if first_or_last else None)
+    ax.plot(steps, [_number(r.get("trust_median")) for r in records], color="black",
+            linewidth=1.4, linestyle="--", label=f"median of {len(names)} layers")
+
+
+def _plot_layer_band(ax, records: list[dict[str, Any]]) -> None:
+    steps = [r["step"] for r in records]
+    ax.fill_between(steps, [_number(r.get("trust_min")) for r in records],
+                    [_number(r.get("trust_max")) for r in records], color="tab:blue",
+                    alpha=0.25, label="min–max over layers")
+    ax.plot(steps, [_number(r.get("trust_median")) for r in records], color="tab:blue",
+            label="median")
 
 
 def _run_title(folder: Path) -> str:

@@ -101,6 +101,7 @@ class LARS(torch.optim.Optimizer):
     def _init_runtime_caches(self) -> None:
         """Per-process helpers, not part of the optimizer's state (pickling drops them)."""
         self._ratio_parts: list[Tensor] = []
+        self._ratio_params: list[Tensor] = []
         self._compiled: Callable[..., Tensor | None] | None = None
         self._lr_tensors: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
@@ -124,9 +125,14 @@ class LARS(torch.optim.Optimizer):
         device = self._ratio_parts[0].device
         return torch.cat([r.to(device, non_blocking=True) for r in self._ratio_parts])
 
+    def trust_ratio_parameters(self) -> list[Tensor]:
+        """The parameters that ``trust_ratios()`` describes, in the same order."""
+        return list(self._ratio_params)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._ratio_parts = []
+        self._ratio_params = []
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -136,6 +142,7 @@ class LARS(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         ratio_parts: list[Tensor] = []
+        ratio_params: list[Tensor] = []
         for group in self.param_groups:
             params, grads, bufs = self._tensors_with_grad(group)
             if not params:
@@ -149,7 +156,9 @@ class LARS(torch.optim.Optimizer):
                                 **_update_options(group))
                 if ratios is not None:
                     ratio_parts.append(ratios)
+                    ratio_params.extend(params[lo:hi])
         self._ratio_parts = ratio_parts
+        self._ratio_params = ratio_params
         return loss
 
     def _tensors_with_grad(self, group: dict[str, Any]) -> tuple[list[Tensor], ...]:
