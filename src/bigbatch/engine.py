@@ -205,6 +205,7 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
         train_images += int(total_seen)
         images_per_second = total_seen / step_seconds
         if position.step % cfg.log_every == 0 or position.step == total_steps:
+            ratios = trust_ratios(optimizer)
             metrics.write(
                 {
                     "kind": "train",
@@ -214,8 +215,8 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
                     "loss": mean_loss,
                     "images_per_second": images_per_second,
                     **timer.as_record(),
-                    **quantiles(trust_ratios(optimizer)),
-                    **layer_trust_ratios(optimizer, parameter_names),
+                    **quantiles(ratios),
+                    **layer_trust_ratios(optimizer, ratios, parameter_names),
                 }
             )
         if progress is not None:
@@ -314,11 +315,10 @@ def trust_ratios(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
     return getter() if getter is not None else None
 
 
-def layer_trust_ratios(optimizer: torch.optim.Optimizer, names: dict[int, str]
-                       ) -> dict[str, dict[str, float]]:
-    """``{"trust_layers": {parameter name: λ}}`` of the last LARS step (nothing for other
-    optimizers or before the first step), for per-layer curves (`bigbatch plot`)."""
-    ratios = trust_ratios(optimizer)
+def layer_trust_ratios(optimizer: torch.optim.Optimizer, ratios: torch.Tensor | None,
+                       names: dict[int, str]) -> dict[str, dict[str, float]]:
+    """``{"trust_layers": {parameter name: λ}}`` from ``ratios``, the optimizer's last LARS
+    step (nothing for other optimizers or before the first step), for per-layer curves."""
     getter = getattr(optimizer, "trust_ratio_parameters", None)
     if ratios is None or getter is None:
         return {}

@@ -44,11 +44,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from bigbatch.data.transforms import IMAGENET_STD
+
 MIN_INPUT_SIZE = 39
 
 # Standard deviation of ImageNet pixels in Caffe's 0-255 units: 255 x the mean of the per-channel
-# stds (0.229, 0.224, 0.225) that normalised inputs are divided by.
-CAFFE_INPUT_SCALE = 255 * (0.229 + 0.224 + 0.225) / 3
+# stds that normalised inputs are divided by.
+CAFFE_INPUT_SCALE = 255 * sum(IMAGENET_STD) / len(IMAGENET_STD)
 
 # Caffe's LRN divides alpha by local_size, exactly like nn.LocalResponseNorm; bvlc_alexnet
 # leaves k at Caffe's default of 1 (the 2012 paper used k = 2).
