@@ -1,9 +1,8 @@
-"""Turn a validated RunConfig into the objects a run needs: data, model, optimizer, schedule."""
+"""Turn a validated RunConfig into the objects a run needs: data, geometry, model, optimizer,
+schedule. Every caller (training, evaluation, inspection, benchmarks) builds through here."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,34 +11,11 @@ from torch import nn
 from bigbatch.config import RunConfig
 from bigbatch.data import build_datasets
 from bigbatch.data.loader import default_workers
-from bigbatch.data.sampler import GlobalBatchPlan
 from bigbatch.distributed import DistContext
 from bigbatch.errors import ConfigError
+from bigbatch.geometry import BatchGeometry
 from bigbatch.models import create_model, model_spec
 from bigbatch.optim import LRSchedule, build_optimizer, scale_lr
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """How a global batch is executed: B = b x W x A (DESIGN.md principle 1)."""
-
-    global_batch: int
-    micro_batch: int
-    world_size: int
-
-    @property
-    def accumulation_steps(self) -> int:
-        return self.global_batch // (self.micro_batch * self.world_size)
-
-    def check(self) -> BatchLayout:
-        per_step = self.micro_batch * self.world_size
-        if self.global_batch % per_step:
-            raise ConfigError(
-                f"global batch {self.global_batch} is not a multiple of micro-batch "
-                f"{self.micro_batch} x {self.world_size} processes = {per_step}; choose a global "
-                f"batch that is a multiple of {per_step} or a smaller --micro-batch"
-            )
-        return self
 
 
 def image_size_for(cfg: RunConfig) -> int | None:
@@ -83,16 +59,9 @@ def model_for(cfg: RunConfig, num_classes: int, in_channels: int) -> nn.Module:
         raise ConfigError(str(error)) from None
 
 
-def plan_for(cfg: RunConfig, num_examples: int, world_size: int, rank: int) -> GlobalBatchPlan:
-    BatchLayout(cfg.global_batch, cfg.micro_batch, world_size).check()
-    return GlobalBatchPlan(
-        num_examples=num_examples,
-        global_batch=cfg.global_batch,
-        micro_batch=cfg.micro_batch,
-        world_size=world_size,
-        rank=rank,
-        seed=cfg.seed,
-    )
+def geometry_for(cfg: RunConfig, num_examples: int, world_size: int) -> BatchGeometry:
+    """The run's batch geometry on ``world_size`` processes over ``num_examples``."""
+    return BatchGeometry(cfg.global_batch, cfg.micro_batch, world_size, num_examples)
 
 
 def peak_lr(cfg: RunConfig) -> float:
@@ -100,19 +69,20 @@ def peak_lr(cfg: RunConfig) -> float:
     return scale_lr(cfg.optim.lr, cfg.global_batch, cfg.optim.reference_batch, cfg.optim.lr_scaling)
 
 
-def schedule_for(cfg: RunConfig, steps_per_epoch: int) -> LRSchedule:
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+def schedule_for(cfg: RunConfig, geometry: BatchGeometry) -> LRSchedule:
+    """The LR schedule of the run in global steps (epochs converted with the geometry)."""
+    per_epoch = geometry.steps_per_epoch
     s = cfg.schedule
     try:
         return LRSchedule(
             base_lr=peak_lr(cfg),
-            total_steps=total,
-            warmup_steps=round(s.warmup_epochs * steps_per_epoch),
+            total_steps=geometry.total_steps(cfg.epochs),
+            warmup_steps=round(s.warmup_epochs * per_epoch),
             warmup_start_lr=s.warmup_start_lr,
             kind=s.kind,
             end_lr=s.end_lr,
             power=s.power,
-            milestones=tuple(round(e * steps_per_epoch) for e in s.milestones),
+            milestones=tuple(round(e * per_epoch) for e in s.milestones),
             gamma=s.gamma,
         )
     except ValueError as error:

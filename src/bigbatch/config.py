@@ -1,7 +1,7 @@
 """A run's configuration: typed dataclasses, YAML in and out, `--set` overrides, validation.
 
-A run is defined by its global batch B, its micro-batch b and its seed (DESIGN.md principle 1);
-the number of processes and the accumulation steps are derived at launch time.
+A run is defined by its global batch B, its micro-batch b and its seed; the number of processes
+and the accumulation steps are derived at launch time (bigbatch.geometry).
 Every check here runs before any work starts and fails with one line that says what to change.
 """
 
@@ -17,6 +17,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from bigbatch.errors import ConfigError
+from bigbatch.geometry import BatchGeometry
 
 DATASETS = ("fashion-mnist", "imagefolder", "synthetic", "packed")
 OPTIMIZERS = ("lars", "sgd")
@@ -295,11 +296,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.threads is not None:
         _check_positive("threads", cfg.threads)
-    if cfg.global_batch % cfg.micro_batch:
-        raise ConfigError(
-            f"global batch {cfg.global_batch} is not a multiple of micro-batch {cfg.micro_batch}; "
-            f"set --micro-batch to a divisor of {cfg.global_batch}"
-        )
+    BatchGeometry(cfg.global_batch, cfg.micro_batch)  # raises if B is not a multiple of b
     if cfg.schedule.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"schedule.warmup_epochs ({cfg.schedule.warmup_epochs}) is longer than the run "

@@ -209,7 +209,7 @@ def average_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
 
     The paper averages BN running statistics across nodes before test and snapshot; doing the same
     keeps every rank's weights identical and, since each rank's running average is linear in its
-    micro-batch statistics, equal to the single-process run's (see bn_stats.py).
+    micro-batch statistics, equal to the single-process run's (see bigbatch.train.bn_stats).
     """
     if not ctx.distributed:
         return

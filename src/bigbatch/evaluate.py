@@ -11,16 +11,9 @@ import torch
 from torch import nn
 
 from bigbatch.data.loader import make_loader
-from bigbatch.data.sampler import eval_shard
+from bigbatch.data.sampler import eval_batches, eval_shard
 from bigbatch.distributed import DistContext, all_reduce_sum
 from bigbatch.metrics import topk_correct
-
-
-def eval_batches(shard: range, batch_size: int) -> list[list[tuple[int, int]]]:
-    return [
-        [(i, 0) for i in shard[start : start + batch_size]]
-        for start in range(0, len(shard), batch_size)
-    ]
 
 
 @torch.inference_mode()

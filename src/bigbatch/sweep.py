@@ -503,7 +503,7 @@ def execute_run(cfg, run_dir: Path, torchrun: int | None) -> dict[str, Any]:
     import torch
 
     from bigbatch.distributed import DistContext
-    from bigbatch.engine import NonFiniteLoss, train
+    from bigbatch.train import NonFiniteLoss, train
 
     single = DistContext(rank=0, world_size=1, local_rank=0, backend=None,
                          device=torch.device("cpu"))

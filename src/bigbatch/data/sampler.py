@@ -1,10 +1,10 @@
-"""World-size-invariant, resumable batching (DESIGN.md principle 1).
+"""World-size-invariant, resumable batching.
 
 A run is defined by the global batch B, the micro-batch b and the seed. Each epoch has one
 permutation of the data set, a pure function of (seed, epoch). Global step s takes the B indices
 ``perm[s*B:(s+1)*B]``; they are cut into B/b micro-batches, micro-batch j being
 ``step[j*b:(j+1)*b]``. With W processes and A = B/(b*W) accumulation steps, rank r runs
-micro-batch ``j = a*W + r`` at accumulation step a. The micro-batches, and so the BatchNorm
+micro-batch ``j = a*W + r`` at accumulation step a (bigbatch.geometry holds these formulas). The micro-batches, and so the BatchNorm
 batches and the summed gradient of the step, are therefore the same for every W.
 
 Tail policy: an epoch has ``num_examples // B`` steps; the last ``num_examples % B`` examples of
@@ -16,12 +16,11 @@ change the effective batch size of one step.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from bigbatch.data.seeding import mix64_array
 from bigbatch.errors import ConfigError
+from bigbatch.geometry import BatchGeometry
 
 # Separates the permutation's hash stream from the augmentation streams of seeding.py.
 _PERMUTATION_STREAM = 0x5045524D  # "PERM"
@@ -29,67 +28,41 @@ _PERMUTATION_STREAM = 0x5045524D  # "PERM"
 Key = tuple[int, int]  # (example index, epoch): what a dataset needs to load one augmented example
 
 
-@dataclass(frozen=True)
 class GlobalBatchPlan:
-    """How one epoch is cut into global steps and micro-batches, and which rank runs which.
+    """Which examples each global step and micro-batch holds, and which rank runs which.
 
     Args:
-        num_examples: size of the training set.
-        global_batch: B, examples per optimizer step over all processes.
-        micro_batch: b, examples one process forwards at once (also the BatchNorm batch).
-        world_size: W, number of processes (default 1).
+        geometry: the run's batch geometry (B, b, W and N).
         rank: this process's rank in [0, W) (default 0).
         seed: run seed; the data order is a function of (seed, epoch) only (default 0).
     """
 
-    num_examples: int
-    global_batch: int
-    micro_batch: int
-    world_size: int = 1
-    rank: int = 0
-    seed: int = 0
-    _permutations: dict[int, np.ndarray] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("num_examples", "global_batch", "micro_batch", "world_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', ' ')} must be at least 1, got "
-                                  f"{getattr(self, name)}")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank {self.rank} is outside [0, {self.world_size}); "
+    def __init__(self, geometry: BatchGeometry, rank: int = 0, seed: int = 0) -> None:
+        if geometry.num_examples is None:
+            raise ValueError("a batch plan needs the geometry of a known training set")
+        if not 0 <= rank < geometry.world_size:
+            raise ConfigError(f"rank {rank} is outside [0, {geometry.world_size}); "
                               "check RANK and WORLD_SIZE in the environment")
-        per_step = self.micro_batch * self.world_size
-        if self.global_batch % per_step:
-            raise ConfigError(
-                f"global batch {self.global_batch} is not divisible by micro-batch "
-                f"{self.micro_batch} x {self.world_size} processes; choose a global batch "
-                f"that is a multiple of {per_step}")
-        if self.global_batch > self.num_examples:
-            raise ConfigError(
-                f"global batch {self.global_batch} is larger than the data set "
-                f"({self.num_examples} examples); lower --batch-size or use more data")
+        self.geometry = geometry
+        self.rank = rank
+        self.seed = seed
+        self._permutations: dict[int, np.ndarray] = {}
+
+    @property
+    def num_examples(self) -> int:
+        return self.geometry.num_examples
+
+    @property
+    def micro_batch(self) -> int:
+        return self.geometry.micro_batch
 
     @property
     def accumulation_steps(self) -> int:
-        """A = B / (b*W): micro-batches each rank accumulates per optimizer step."""
-        return self.global_batch // (self.micro_batch * self.world_size)
-
-    @property
-    def micro_batches_per_step(self) -> int:
-        """B / b: micro-batches in one global step, over all ranks."""
-        return self.global_batch // self.micro_batch
+        return self.geometry.accumulation_steps
 
     @property
     def steps_per_epoch(self) -> int:
-        """Global steps per epoch; the partial last global batch is dropped."""
-        return self.num_examples // self.global_batch
-
-    @property
-    def tail(self) -> int:
-        """Examples of each epoch's permutation left unused by the tail policy."""
-        return self.num_examples - self.steps_per_epoch * self.global_batch
+        return self.geometry.steps_per_epoch
 
     def epoch_permutation(self, epoch: int) -> np.ndarray:
         """The epoch's order of all example indices: argsort of hashes of (seed, epoch, index).
@@ -111,21 +84,20 @@ class GlobalBatchPlan:
         """The B example indices of global step ``step`` of ``epoch`` (the same on all ranks)."""
         if not 0 <= step < self.steps_per_epoch:
             raise ValueError(f"step {step} is outside [0, {self.steps_per_epoch})")
-        start = step * self.global_batch
-        return self.epoch_permutation(epoch)[start:start + self.global_batch]
+        batch = self.geometry.global_batch
+        return self.epoch_permutation(epoch)[step * batch:(step + 1) * batch]
 
     def micro_batch_indices(self, epoch: int, step: int, micro: int) -> np.ndarray:
         """Micro-batch ``micro`` (in [0, B/b)) of a global step, independent of W."""
-        if not 0 <= micro < self.micro_batches_per_step:
-            raise ValueError(f"micro-batch {micro} is outside [0, {self.micro_batches_per_step})")
+        count = self.geometry.micro_batches_per_step
+        if not 0 <= micro < count:
+            raise ValueError(f"micro-batch {micro} is outside [0, {count})")
         start = micro * self.micro_batch
         return self.step_indices(epoch, step)[start:start + self.micro_batch]
 
     def rank_micro_batches(self, epoch: int, step: int) -> list[np.ndarray]:
         """This rank's A micro-batches of a global step, in accumulation order (j = a*W + r)."""
-        indices = self.step_indices(epoch, step)
-        b, w = self.micro_batch, self.world_size
-        return [indices[(a * w + self.rank) * b:(a * w + self.rank + 1) * b]
+        return [self.micro_batch_indices(epoch, step, self.geometry.micro_index(a, self.rank))
                 for a in range(self.accumulation_steps)]
 
 

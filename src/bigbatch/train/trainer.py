@@ -1,0 +1,375 @@
+"""The training loop: global steps of accumulated micro-batches, and what happens between them.
+
+One global step of batch B runs A = B / (b * W) micro-batches of b examples on each of W ranks
+(bigbatch.geometry). Each micro-batch loss is the *sum* of its example losses divided by b * A,
+and DDP averages over the W ranks, so the gradient is the mean over the global batch whatever b,
+A and W are. DDP's all-reduce runs only on the last micro-batch (``no_sync`` on the others): one
+all-reduce per global step, overlapped with that backward pass bucket by bucket.
+
+Everything random is a function of (seed, epoch, index): the data order and augmentation (see
+bigbatch.data.sampler) and the dropout masks (the RNG is re-seeded per micro-batch from its
+global index), so the same B, b and seed give the same run for any W, and a resumed run
+continues with exactly the batches the uninterrupted run would have seen.
+
+Read :meth:`Trainer.train_step` for one global step and :meth:`Trainer.after_step` for what
+happens between steps (metrics, evaluation, checkpoints, preemption).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bigbatch.build import (
+    autocast_dtype_for,
+    datasets_for,
+    geometry_for,
+    model_for,
+    optimizer_for,
+    schedule_for,
+    workers_for,
+)
+from bigbatch.config import RunConfig
+from bigbatch.data.batch import Batch
+from bigbatch.data.loader import make_loader
+from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches
+from bigbatch.data.seeding import mix64
+from bigbatch.data.transforms import normalize_images
+from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers, barrier
+from bigbatch.evaluate import evaluate
+from bigbatch.metrics import MetricsLog
+from bigbatch.testing.faults import fault_hook
+from bigbatch.train.bn_stats import PerStepRunningStats
+from bigbatch.train.nonfinite import handle_nonfinite, nonfinite_gradients
+from bigbatch.train.preemption import StopRequest
+from bigbatch.train.record import (
+    build_summary,
+    trust_ratio_fields,
+    write_final_record,
+    write_start_record,
+)
+from bigbatch.train.resume import CheckpointClock, restore, save_checkpoint
+from bigbatch.train.timing import CommClock, StepTimer, timed_allreduce_hook
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(RuntimeError):
+    """Training stopped on a preemption signal after writing a checkpoint."""
+
+
+@dataclass
+class StepResult:
+    """What one global step leaves for the between-steps actions (all summed over ranks)."""
+
+    lr: float
+    loss: float  # mean over the step's examples
+    examples: float
+    skipped_images: int  # on this rank
+    seconds: float
+    timer: StepTimer
+    stop_votes: float
+    clock_votes: float
+
+
+def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
+    """Run training as configured; return the summary (also written to summary.json)."""
+    with intra_op_threads(cfg.threads):
+        return Trainer(cfg, ctx).fit()
+
+
+class Trainer:
+    """One training run: built from a config on one rank, run with :meth:`fit`."""
+
+    def __init__(self, cfg: RunConfig, ctx: DistContext) -> None:
+        self.started = time.perf_counter()
+        self.cfg, self.ctx = cfg, ctx
+        self.run_dir = Path(cfg.out)
+        self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
+        self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
+        self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        self.model = self._build_model()
+        self.optimizer = optimizer_for(cfg, self.model)
+        self.parameter_names = {id(p): name for name, p in self.model.named_parameters()}
+        self.schedule = schedule_for(cfg, self.geometry)
+        self.position = restore(cfg, ctx, self.run_dir, self.model, self.optimizer)
+        if ctx.is_main:
+            write_start_record(cfg, self.run_dir, self.geometry, self.schedule.total_steps,
+                               self.schedule.base_lr, self.position.step)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=ctx.is_main)
+        self._build_step_parts()
+
+    def _build_model(self) -> nn.Module:
+        model = model_for(self.cfg, self.train_set.num_classes, self.train_set.in_channels)
+        if self.cfg.sync_bn and self.ctx.distributed:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return model.to(self.ctx.device, memory_format=self.memory_format)
+
+    def _build_step_parts(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self.comm_clock = CommClock()
+        self.network = wrap_ddp(self.model, ctx, self.comm_clock)
+        self.forward = torch.compile(self.network) if cfg.compile else self.network
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
+        self.bn_stats = PerStepRunningStats(self.model, self.geometry.accumulation_steps)
+        self.autocast_dtype = autocast_dtype_for(cfg, ctx.device)
+        if cfg.precision == "auto" and ctx.is_main:
+            log.info("precision auto: %s", "bf16 autocast" if self.autocast_dtype
+                     else "fp32 (no native bf16 here)")
+        self.workers = workers_for(cfg, ctx)
+        self.faults = fault_hook(ctx.rank)
+        self.checkpoints = CheckpointClock(cfg)
+        self.stop = StopRequest()
+        self.micro_batches = self._micro_batch_stream()
+        self.last_eval: dict[str, float] = {}
+        self.train_seconds, self.train_images = 0.0, 0
+
+    def _micro_batch_stream(self):
+        """This rank's micro-batches from the resume point to the end of training."""
+        per_epoch = self.geometry.steps_per_epoch
+        epochs = -(-self.schedule.total_steps // per_epoch)
+        start_epoch, start_in_epoch = divmod(self.position.step, per_epoch)
+        plan = GlobalBatchPlan(self.geometry, self.ctx.rank, self.cfg.seed)
+        batches = TrainBatches(plan, start_epoch, start_in_epoch, epochs)
+        pin = self.ctx.device.type == "cuda"
+        return iter(make_loader(self.train_set, batches, self.workers, pin_memory=pin))
+
+    # ------------------------------------------------------------------------- the loop
+
+    def fit(self) -> dict[str, Any]:
+        """Train from the current position to the end; evaluate, write the record."""
+        self.stop.install()
+        self.progress = progress_bar(self.ctx, self.schedule.total_steps, self.position.step)
+        self.model.train()
+        try:
+            for step in range(self.position.step, self.schedule.total_steps):
+                self.after_step(step, self.train_step(step))
+        finally:
+            self.stop.uninstall()
+        return self.finish()
+
+    def train_step(self, step: int) -> StepResult:
+        """One global step: A micro-batches forward and backward, one all-reduce, one update."""
+        started = time.perf_counter()
+        epoch, step_in_epoch = divmod(step, self.geometry.steps_per_epoch)
+        self.faults.begin_step(step, self.model)
+        lr = self.schedule.lr(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        timer = StepTimer()
+        self.bn_stats.begin_step()
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        examples = torch.zeros((), device=self.ctx.device)
+        skipped_images = 0
+        for accumulation in range(self.geometry.accumulation_steps):
+            batch = self.next_micro_batch(timer)
+            skipped_images += report_skipped(batch.skipped, self.ctx)
+            micro_index = self.geometry.micro_index(accumulation, self.ctx.rank)
+            torch.manual_seed(mix64(self.cfg.seed, epoch, step_in_epoch, micro_index))  # dropout
+            last = accumulation == self.geometry.accumulation_steps - 1
+            loss_sum += self.forward_backward(batch, last, timer)
+            self.bn_stats.after_micro_batch()
+            examples += batch.labels.numel()
+        self.bn_stats.end_step()
+        votes = self.reduce_step(loss_sum, examples)
+        total_loss, total_examples, nonfinite, stop_votes, clock_votes = votes
+        mean_loss = total_loss / max(total_examples, 1.0)
+        if nonfinite or not math.isfinite(mean_loss):
+            self.skip_step(step, mean_loss)
+        else:
+            timer.start("optimizer")
+            self.optimizer.step()
+            timer.stop("optimizer")
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(lr, mean_loss, total_examples, skipped_images,
+                          time.perf_counter() - started, timer, stop_votes, clock_votes)
+
+    def next_micro_batch(self, timer: StepTimer) -> Batch:
+        """The next micro-batch of this rank, on the device and normalised (timed as data)."""
+        timer.start("data")
+        batch = next(self.micro_batches)
+        images = batch.images.to(self.ctx.device, non_blocking=True,
+                                 memory_format=self.memory_format)
+        images = normalize_images(images)  # uint8 batches: on the device; float: unchanged
+        labels = batch.labels.to(self.ctx.device, non_blocking=True)
+        timer.stop("data")
+        return Batch(images, labels, batch.skipped)
+
+    def forward_backward(self, batch: Batch, last: bool, timer: StepTimer) -> torch.Tensor:
+        """Forward and backward of one micro-batch; the gradient all-reduce runs on the last.
+        Returns the micro-batch's summed loss (detached)."""
+        synced = self.network is self.model or last
+        with contextlib.nullcontext() if synced else self.network.no_sync():
+            started = time.perf_counter()
+            with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                                enabled=self.autocast_dtype is not None):
+                logits = self.forward(batch.images)
+            loss = self.criterion(logits.float(), batch.labels)
+            (loss / self.geometry.loss_divisor).backward()
+            ended = time.perf_counter()
+        if last and self.network is not self.model:
+            timer.split_synced_backward(started, ended, self.comm_clock)
+        else:
+            timer.compute += ended - started
+        return loss.detach()
+
+    def reduce_step(self, loss_sum: torch.Tensor, examples: torch.Tensor) -> list[float]:
+        """One reduction carries the loss, the example count, the two stop conditions and the
+        time-based checkpoint vote, so every rank takes the same decisions after the same step
+        (ranks' clocks differ; a checkpoint is a collective)."""
+        device = self.ctx.device
+        flags = torch.stack([
+            loss_sum,
+            examples,
+            nonfinite_gradients(self.model),
+            torch.tensor(float(self.stop.requested), device=device),
+            torch.tensor(float(self.checkpoints.vote()), device=device),
+        ])
+        return all_reduce_sum(flags, self.ctx).tolist()
+
+    def skip_step(self, step: int, mean_loss: float) -> None:
+        """A non-finite step: no update, BatchNorm statistics rolled back, then the policy."""
+        self.bn_stats.rollback()
+        self.position.skipped_steps += 1
+        handle_nonfinite(self.cfg, self.ctx, self.run_dir, self.model, step, mean_loss,
+                         self.position.skipped_steps)
+
+    # ------------------------------------------------------------------------- between steps
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        """Count the step; log it; evaluate, checkpoint and stop when due."""
+        position = self.position
+        position.step = step + 1
+        position.skipped_images += result.skipped_images
+        self.train_seconds += result.seconds
+        self.train_images += int(result.examples)
+        finished = position.step == self.schedule.total_steps
+        if position.step % self.cfg.log_every == 0 or finished:
+            self.log_step(result)
+        self.show_progress(result)
+        epoch_done = position.step % self.geometry.steps_per_epoch == 0
+        epochs_done = position.step // self.geometry.steps_per_epoch
+        if (epoch_done and epochs_done % self.cfg.eval_every == 0) or finished:
+            self.evaluate_and_log()
+        if (epoch_done or finished or result.stop_votes
+                or self.checkpoints.due(position.step, result.clock_votes)):
+            save_checkpoint(self.cfg, self.ctx, self.run_dir, self.model, self.optimizer,
+                            position, self.faults)
+            self.checkpoints.saved()
+        if result.stop_votes:
+            barrier(self.ctx)
+            raise Preempted(f"stopped by {self.stop.signal_name or 'a preemption signal'} "
+                            f"after step {position.step}")
+
+    def log_step(self, result: StepResult) -> None:
+        self.metrics.write({
+            "kind": "train",
+            "step": self.position.step,
+            "epoch": self.geometry.epoch_of(self.position.step),
+            "lr": result.lr,
+            "loss": result.loss,
+            "images_per_second": result.examples / result.seconds,
+            **result.timer.as_record(),
+            **trust_ratio_fields(self.optimizer, self.parameter_names),
+        })
+
+    def show_progress(self, result: StepResult) -> None:
+        if self.progress is None:
+            return
+        self.progress.update(1)
+        self.progress.set_postfix(loss=f"{result.loss:.3f}", lr=f"{result.lr:.3g}",
+                                  img_s=f"{result.examples / result.seconds:.0f}")
+
+    def evaluate_and_log(self) -> None:
+        """Top-1/top-5/loss on the validation set with the ranks' averaged BN statistics."""
+        average_buffers(self.model, self.ctx)
+        result = evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
+                          self.workers, self.cfg.channels_last, self.autocast_dtype)
+        epoch = self.geometry.epoch_of(self.position.step)
+        self.metrics.write({"kind": "eval", "step": self.position.step, "epoch": epoch, **result})
+        if self.ctx.is_main:
+            log.info("step %d (epoch %.2f): top-1 %.2f%%, top-5 %.2f%%, val loss %.4f",
+                     self.position.step, epoch, result["top1"], result["top5"], result["loss"])
+        self.last_eval = result
+
+    def finish(self) -> dict[str, Any]:
+        """Close the logs, evaluate if nothing was evaluated, write summary and final weights."""
+        if self.progress is not None:
+            self.progress.close()
+        self.metrics.close()
+        if not self.last_eval:
+            self.evaluate_and_log()
+        position = self.position
+        summary = build_summary(
+            self.cfg, self.ctx, self.geometry, position.step,
+            (position.skipped_steps, position.skipped_images), self.last_eval, self.started,
+            self.train_seconds, self.train_images)
+        if self.ctx.is_main:
+            write_final_record(self.cfg, self.run_dir, self.model, self.train_set.classes, summary)
+        barrier(self.ctx)
+        return summary
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock) -> nn.Module:
+    """DDP over the process group, or the model itself on one process.
+
+    ``broadcast_buffers=False``: BatchNorm uses each rank's micro-batch statistics, as in the
+    paper, and running statistics are averaged over ranks before evaluation and checkpoints.
+    """
+    if not ctx.distributed:
+        return model
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    with warnings.catch_warnings():
+        # Newer PyTorch suggests forward_sync_buffers, which still syncs buffers at start-up;
+        # rank-local BN buffers are what we want, so broadcast_buffers=False stays.
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        network = DistributedDataParallel(
+            model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
+    network.register_comm_hook(clock, timed_allreduce_hook)
+    return network
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Run with ``threads`` intra-op CPU threads (None: leave PyTorch's setting), then restore.
+
+    On a CPU shared with other work, fewer threads than cores can be several times faster:
+    OpenMP threads spin while waiting for each other, and a descheduled one stalls the rest
+    (docs/PERFORMANCE.md).
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def report_skipped(paths: list[str], ctx: DistContext) -> int:
+    for path in paths:
+        log.warning("rank %d: skipped unreadable image %s", ctx.rank, path)
+    return len(paths)
+
+
+def progress_bar(ctx: DistContext, total: int, done: int):
+    if not ctx.is_main or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True)
