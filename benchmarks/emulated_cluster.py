@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bigbatch.metrics import read_metrics
-from bigbatch.plan import DEFAULT_OVERLAP, Network, Workload, estimate_step
+from bigbatch.tools.plan.network import Network
+from bigbatch.tools.plan.workload import DEFAULT_OVERLAP, Workload, estimate_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from netns import (  # noqa: E402  (a sibling script, not a package)
@@ -175,7 +176,7 @@ def fit_network(namespace: str, processes: int, workdir: Path, port: int, max_by
                 repeats: int) -> dict:
     out = workdir / f"allreduce-{namespace}-p{processes}.json"
     command = [*netns_exec(namespace), *torchrun(processes, port), "-m",
-               "bigbatch.allreduce_bench", "--min-bytes", "4K", "--max-bytes", max_bytes,
+               "bigbatch.commands.bench", "--min-bytes", "4K", "--max-bytes", max_bytes,
                "--factor", "4", "--repeats", str(repeats), "--warmup", "1", "--backend", "gloo",
                "--out", str(out)]
     run_checked(command, workdir / f"allreduce-{namespace}-p{processes}.log", timeout=1800)

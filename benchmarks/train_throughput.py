@@ -7,7 +7,7 @@
 
 Suites (each appends one JSON record per workload to docs/results/train_throughput.jsonl):
 
-overhead  bigbatch.engine.train(cfg, ctx) against a plain hand-written loop with the same model,
+overhead  bigbatch.train.train(cfg, ctx) against a plain hand-written loop with the same model,
           data set object, global batch, micro-batch (gradient accumulation), optimizer
           (bigbatch LARS with the same parameter groups), precision and memory format.
           What is timed, on both sides, is one global step: fetching the micro-batches, forward,
@@ -75,12 +75,18 @@ from common import (  # noqa: E402
     paired_ratio,
 )
 
-from bigbatch.build import datasets_for, model_for, optimizer_for, schedule_for  # noqa: E402
+from bigbatch.build import (  # noqa: E402
+    datasets_for,
+    geometry_for,
+    model_for,
+    optimizer_for,
+    schedule_for,
+)
 from bigbatch.config import config_from_dict, load_recipe, validate  # noqa: E402
 from bigbatch.distributed import DistContext  # noqa: E402
-from bigbatch.engine import train  # noqa: E402
 from bigbatch.evaluate import evaluate  # noqa: E402
 from bigbatch.metrics import read_metrics  # noqa: E402
+from bigbatch.train import train  # noqa: E402
 
 log = logging.getLogger("train_throughput")
 RESULT_NAME = "train_throughput"
@@ -133,7 +139,7 @@ def single_process() -> DistContext:
 
 
 def engine_images_per_second(raw: dict[str, Any], warmup: int) -> list[float]:
-    """Run engine.train on ``raw`` and return its per-step images/s after ``warmup`` steps."""
+    """Run bigbatch.train.train on ``raw``; its per-step images/s after ``warmup`` steps."""
     cfg = validate(config_from_dict(raw))
     train(cfg, single_process())
     records = [r for r in read_metrics(Path(cfg.out) / "metrics.jsonl") if r["kind"] == "train"]
@@ -160,8 +166,8 @@ def plain_loop_images_per_second(raw: dict[str, Any], warmup: int) -> list[float
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
     model = model.to(CPU, memory_format=memory_format).train()
     optimizer = optimizer_for(cfg, model)
-    steps_per_epoch = len(train_set) // cfg.global_batch
-    schedule = schedule_for(cfg, steps_per_epoch)
+    geometry = geometry_for(cfg, len(train_set), 1)
+    schedule = schedule_for(cfg, geometry)
     accumulation = cfg.global_batch // cfg.micro_batch
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     autocast = cfg.precision == "bf16"
@@ -197,11 +203,12 @@ def engine_extras_ms(raw: dict[str, Any], repeats: int) -> dict[str, float]:
     whole-run comparison cannot resolve a 1% difference on a machine whose speed swings by 10%,
     these small direct timings can. 'outside_step_clock' is what the engine's per-step figure
     leaves out (trust-ratio quantiles and the metrics line)."""
-    from bigbatch.bn_stats import PerStepRunningStats
     from bigbatch.data.seeding import mix64
     from bigbatch.distributed import all_reduce_sum
-    from bigbatch.engine import nonfinite_gradients, trust_ratios
-    from bigbatch.metrics import MetricsLog, quantiles
+    from bigbatch.metrics import MetricsLog
+    from bigbatch.train.bn_stats import PerStepRunningStats
+    from bigbatch.train.nonfinite import nonfinite_gradients
+    from bigbatch.train.record import trust_ratio_fields
 
     cfg = validate(config_from_dict(raw))
     train_set, _ = datasets_for(cfg)
@@ -234,7 +241,7 @@ def engine_extras_ms(raw: dict[str, Any], repeats: int) -> dict[str, float]:
         all_reduce_sum(flags, ctx).tolist()
 
     def outside_step_clock() -> None:
-        metrics.write({"kind": "train", **quantiles(trust_ratios(optimizer))})
+        metrics.write({"kind": "train", **trust_ratio_fields(optimizer, {})})
 
     parts = {"bn_bookkeeping": bn_bookkeeping, "dropout_seeding": dropout_seeding,
              "reduction_and_nonfinite_check": reduction_and_checks,

@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from bigbatch.allreduce_bench import (
-    add_bench_command,
+from bigbatch.commands.bench import add_commands, run_allreduce_bench
+from bigbatch.errors import ConfigError
+from bigbatch.tools.allreduce_bench import (
     fit_latency_bandwidth,
     message_sizes,
     parse_size,
     ring_alpha_beta,
-    run_allreduce_bench,
 )
-from bigbatch.errors import ConfigError
-from bigbatch.plan import ring_allreduce_seconds
+from bigbatch.tools.plan.network import ring_allreduce_seconds
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -96,7 +95,7 @@ def test_fit_rejects_too_little_or_bad_data():
 
 def parse_bench(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bigbatch")
-    add_bench_command(parser.add_subparsers())
+    add_commands(parser.add_subparsers())
     return parser.parse_args(["bench", "allreduce", *argv])
 
 
@@ -132,7 +131,7 @@ def test_two_gloo_processes_produce_a_fit(tmp_path):
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "-m", "bigbatch.allreduce_bench", "--min-bytes", "1K", "--max-bytes", "4M",
+               "-m", "bigbatch.commands.bench", "--min-bytes", "1K", "--max-bytes", "4M",
                "--repeats", "5", "--backend", "gloo", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
                             check=False)
@@ -169,7 +168,7 @@ def test_shaped_namespace_bench_skips_or_measures_the_shaping(tmp_path):
     with shaped_namespace(f"bbtest{os.getpid() % 10000}", rate="100mbit") as namespace:
         command = [*netns_exec(namespace), sys.executable, "-m", "torch.distributed.run",
                    "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                   str(free_port()), "-m", "bigbatch.allreduce_bench", "--min-bytes", "4K",
+                   str(free_port()), "-m", "bigbatch.commands.bench", "--min-bytes", "4K",
                    "--max-bytes", "4M", "--repeats", "3", "--warmup", "1", "--backend", "gloo",
                    "--out", str(out)]
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from bigbatch.bn_stats import PerStepRunningStats
+from bigbatch.train.bn_stats import PerStepRunningStats
 
 
 def run_step(model, micro_batches):

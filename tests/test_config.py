@@ -115,13 +115,14 @@ def test_section_must_be_mapping():
 
 
 def test_model_flag_starts_from_the_new_models_defaults():
-    from bigbatch.cli import build_parser, overrides_from_flags
+    from bigbatch.commands import build_parser
+    from bigbatch.commands.train import values_from_flags
 
     args = build_parser().parse_args(["train", "--model", "resnet18", "--set", "seed=1"])
-    cfg = resolve_config(overrides=overrides_from_flags(args) + args.overrides)
+    cfg = resolve_config(overrides=args.overrides, values=values_from_flags(args))
     assert cfg.model.name == "resnet18" and cfg.model.options == {}
     args = build_parser().parse_args(["train", "--model", "small_cnn", "--set",
                                       "model.options.width=8"])
-    cfg = resolve_config(overrides=overrides_from_flags(args) + args.overrides)
+    cfg = resolve_config(overrides=args.overrides, values=values_from_flags(args))
     assert cfg.model.options == {"width": 8}
     assert resolve_config().model.options == {"width": 24}  # the recipe's own options otherwise

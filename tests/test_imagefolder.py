@@ -25,6 +25,7 @@ from bigbatch.data.transforms import (
     random_resized_crop_box,
 )
 from bigbatch.errors import ConfigError, DataError
+from bigbatch.geometry import BatchGeometry
 
 SIZE = 64
 
@@ -213,7 +214,7 @@ def test_build_datasets_imagefolder(folder: FolderInfo) -> None:
 
 def test_loader_with_a_worker_gives_the_direct_batches(folder: FolderInfo) -> None:
     dataset = train_set(folder)
-    plan = GlobalBatchPlan(len(dataset), global_batch=8, micro_batch=4, seed=3)
+    plan = GlobalBatchPlan(BatchGeometry(8, 4, num_examples=len(dataset)), seed=3)
     batches = TrainBatches(plan, 0, 0, epochs=2)
     loader = make_loader(dataset, batches, workers=1)
     assert len(loader) == 2 * 2 * 2

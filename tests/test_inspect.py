@@ -11,15 +11,16 @@ import torch
 from imagegen import make_image_folder
 from torch import nn
 
-from bigbatch import inspect_ratios
+from bigbatch.commands import inspect as inspect_command
 from bigbatch.errors import ConfigError
-from bigbatch.inspect_ratios import ParameterRatio, first_iteration_ratios, spread_summary
 from bigbatch.models.alexnet import alexnet
+from bigbatch.tools import inspect as inspect_tools
+from bigbatch.tools.inspect import ParameterRatio, first_iteration_ratios, spread_summary
 
 
 def parser_with_inspect() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigbatch")
-    inspect_ratios.add_inspect_command(parser.add_subparsers())
+    inspect_command.add_commands(parser.add_subparsers())
     return parser
 
 
@@ -31,7 +32,7 @@ def alexnet_output():
     import io
 
     printed = []
-    real_inspect = inspect_ratios.inspect_model
+    real_inspect = inspect_tools.inspect_model
 
     def recording(*args, **kwargs):
         printed.extend(real_inspect(*args, **kwargs))
@@ -40,7 +41,7 @@ def alexnet_output():
     args = parser_with_inspect().parse_args(["inspect", "--model", "alexnet", "--batch", "4"])
     buffer = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(buffer):
-        patch.setattr(inspect_ratios, "inspect_model", recording)
+        patch.setattr(inspect_tools, "inspect_model", recording)
         assert args.handler(args) == 0
     return buffer.getvalue(), {r.name: r for r in printed}
 
@@ -80,7 +81,7 @@ def test_alexnet_ratios_spread_over_two_orders_of_magnitude_across_tensors(alexn
 
 
 def test_alexnet_bn_fc6_ratio_is_far_above_conv1():
-    rows = {r.name: r.ratio for r in inspect_ratios.inspect_model("alexnet_bn", batch=4)}
+    rows = {r.name: r.ratio for r in inspect_tools.inspect_model("alexnet_bn", batch=4)}
     assert rows["fc6.weight"] > 10 * rows["conv1.weight"], rows
 
 
@@ -92,7 +93,7 @@ def test_caffe_input_scale_brings_conv1_near_the_paper(alexnet_output):
     assert 5.76 / 3 < rows["conv1.weight"].ratio < 5.76 * 3
     torch.manual_seed(0)
     unscaled = alexnet(1000, input_scale=1.0)
-    images, labels, _ = inspect_ratios.inspection_batch("synthetic", 4, 227, seed=0)
+    images, labels, _ = inspect_tools.inspection_batch("synthetic", 4, 227, seed=0)
     unscaled_rows = {r.name: r.ratio for r in first_iteration_ratios(unscaled, images, labels)}
     assert unscaled_rows["conv1.weight"] > 10 * rows["conv1.weight"].ratio
     assert unscaled_rows["conv1.weight"] > unscaled_rows["fc6.weight"]
@@ -104,7 +105,7 @@ def test_alexnet_table_prints_a_row_per_parameter_with_the_paper_column(alexnet_
     for name, row in rows.items():
         (line,) = [line for line in lines if line.split() and line.split()[0] == name]
         assert f"{row.ratio:.4g}" in line.split()
-        paper = inspect_ratios.PAPER_ALEXNET_RATIOS.get(name)
+        paper = inspect_tools.PAPER_ALEXNET_RATIOS.get(name)
         if paper is not None:
             assert line.split()[-1] == f"{paper:.4g}"
     assert "227x227" in lines[0] and "spread:" in text
@@ -138,21 +139,21 @@ def test_image_folder_batch_skips_and_reports_unreadable_images(tmp_path, caplog
     broken = tmp_path / "val" / info.classes[1] / "zero_bytes.JPEG"
     broken.write_bytes(b"")
     with caplog.at_level(logging.WARNING):
-        images, labels, classes = inspect_ratios.real_batch("imagefolder", str(tmp_path), 10,
+        images, labels, classes = inspect_tools.real_batch("imagefolder", str(tmp_path), 10,
                                                             32, seed=0)
     assert classes == len(info.classes)
     assert images.shape == (9, 3, 32, 32) and len(labels) == 9  # 10 chosen, 1 unreadable
     assert sorted(set(labels.tolist())) == [0, 1, 2]
     assert "zero_bytes.JPEG" in caplog.text and "1 of the 10 chosen" in caplog.text
-    rows = inspect_ratios.inspect_model("small_cnn", "imagefolder", 32, 4, 0,
+    rows = inspect_tools.inspect_model("small_cnn", "imagefolder", 32, 4, 0,
                                         data_path=str(tmp_path))
     assert rows and all(math.isfinite(r.ratio) for r in rows)
 
 
 def test_small_model_on_fashion_mnist_gives_finite_ratios_for_every_parameter():
-    rows = inspect_ratios.inspect_model("small_cnn", "fashion-mnist", None, 8, 0)
+    rows = inspect_tools.inspect_model("small_cnn", "fashion-mnist", None, 8, 0)
     model_parameters = [name for name, _ in
-                        inspect_ratios.build_fresh_model("small_cnn", 10, 1, 0).named_parameters()]
+                        inspect_tools.build_fresh_model("small_cnn", 10, 1, 0).named_parameters()]
     assert [r.name for r in rows] == model_parameters
     assert all(math.isfinite(r.ratio) for r in rows)
     # the three BN shifts start at zero (ratio 0); every other tensor has a positive ratio

@@ -365,7 +365,7 @@ def test_forward_flops_leaves_a_real_model_untouched() -> None:
 
 
 def test_models_command_lists_every_model_with_its_options(capsys) -> None:
-    from bigbatch.cli import main
+    from bigbatch.commands import main
 
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from bigbatch import engine
 from bigbatch.build import autocast_dtype_for, has_native_bf16
 from bigbatch.config import config_from_dict, validate
 from bigbatch.data import build_datasets
 from bigbatch.data.pack import pack_imagefolder
 from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext
+from bigbatch.train import trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from imagegen import make_jpeg_folder  # noqa: E402
@@ -63,7 +63,7 @@ def tiny_config(tmp_path: Path, **overrides) -> dict:
 
 
 def run(raw: dict) -> dict:
-    return engine.train(validate(config_from_dict(raw)), CPU_CONTEXT)
+    return trainer.train(validate(config_from_dict(raw)), CPU_CONTEXT)
 
 
 def final_weights(raw: dict) -> dict[str, torch.Tensor]:
@@ -78,7 +78,7 @@ class ForwardProbe:
         self.input_channels_last: list[bool] = []
         self.output_dtypes: list[torch.dtype] = []
         self.threads: list[int] = []
-        build = engine.model_for
+        build = trainer.model_for
 
         def model_for(cfg, num_classes, in_channels):
             model = build(cfg, num_classes, in_channels)
@@ -87,7 +87,7 @@ class ForwardProbe:
             self.model = model
             return model
 
-        monkeypatch.setattr(engine, "model_for", model_for)
+        monkeypatch.setattr(trainer, "model_for", model_for)
 
     def record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if module.training:

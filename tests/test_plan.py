@@ -9,33 +9,33 @@ from pathlib import Path
 
 import pytest
 
+from bigbatch.commands.plan import add_commands
 from bigbatch.errors import ConfigError
-from bigbatch.plan import (
-    BACKWARD_SHARE,
-    NO_LOSSES,
-    DeviceLosses,
+from bigbatch.tools.plan.network import (
     Network,
-    Workload,
-    add_plan_command,
     allreduce_seconds,
-    batch_efficiency,
-    devices_for_target,
-    efficiency_crossover,
-    estimate_step,
     network_from_allreduce_json,
     network_from_preset,
-    paper_predictions,
-    power_of_two_counts,
     ring_allreduce_seconds,
-    scaling_table,
     tree_allreduce_seconds,
 )
-from bigbatch.plan_presets import (
+from bigbatch.tools.plan.paper import paper_predictions
+from bigbatch.tools.plan.presets import (
     INTEL_CAFFE_HALF_BATCH,
     PAPER_RUNS,
     PRESETS,
     ZENITH_BATCH_EFFICIENCY,
     half_efficiency_batch,
+)
+from bigbatch.tools.plan.stats import NO_LOSSES, DeviceLosses, batch_efficiency
+from bigbatch.tools.plan.workload import (
+    BACKWARD_SHARE,
+    Workload,
+    devices_for_target,
+    efficiency_crossover,
+    estimate_step,
+    power_of_two_counts,
+    scaling_table,
 )
 
 EMULATED_CLUSTER = Path(__file__).resolve().parents[1] / "docs/results/scaling_planner.json"
@@ -43,7 +43,7 @@ EMULATED_CLUSTER = Path(__file__).resolve().parents[1] / "docs/results/scaling_p
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bigbatch")
-    add_plan_command(parser.add_subparsers())
+    add_commands(parser.add_subparsers())
     return parser.parse_args(["plan", *argv])
 
 

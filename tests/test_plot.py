@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bigbatch import plot
+from bigbatch.commands import plot as plot_command
 from bigbatch.errors import ConfigError
+from bigbatch.tools import plot as plot_tools
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def parser_with_plot() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigbatch")
-    plot.add_plot_command(parser.add_subparsers())
+    plot_command.add_commands(parser.add_subparsers())
     return parser
 
 
@@ -68,7 +69,7 @@ def write_sweep(folder: Path) -> Path:
 
 def test_run_plot_is_a_png_with_four_panels_worth_of_pixels(tmp_path):
     run = write_run(tmp_path / "run")
-    out = plot.plot_target(run)
+    out = plot_tools.plot_target(run)
     assert out == run / "training.png"
     width, height = png_size(out)
     assert (width, height) == (1100, 770)  # 10 x 7 inches at 110 dpi
@@ -78,9 +79,9 @@ def test_run_plot_is_a_png_with_four_panels_worth_of_pixels(tmp_path):
 def test_trust_panel_draws_a_line_per_layer_and_the_median(tmp_path):
     import matplotlib.pyplot as plt
 
-    train, _ = plot.load_run_metrics(write_run(tmp_path / "run"))
+    train, _ = plot_tools.load_run_metrics(write_run(tmp_path / "run"))
     figure, ax = plt.subplots()
-    plot.plot_trust_ratios(ax, train)
+    plot_tools.plot_trust_ratios(ax, train)
     assert len(ax.lines) == len(LAYERS) + 1
     assert [line.get_label() for line in ax.get_legend().get_lines()] == [
         "stem.weight", "fc.weight", "median of 3 layers"]
@@ -92,15 +93,16 @@ def test_trust_panel_draws_a_line_per_layer_and_the_median(tmp_path):
 def test_trust_panel_of_a_run_without_per_layer_records_draws_the_band(tmp_path):
     import matplotlib.pyplot as plt
 
-    train, _ = plot.load_run_metrics(write_run(tmp_path / "run", per_layer=False))
+    train, _ = plot_tools.load_run_metrics(write_run(tmp_path / "run", per_layer=False))
     figure, ax = plt.subplots()
-    plot.plot_trust_ratios(ax, train)
+    plot_tools.plot_trust_ratios(ax, train)
     assert len(ax.lines) == 1 and len(ax.collections) == 1  # median line, min-max band
     plt.close(figure)
 
 
 def test_run_plot_without_trust_ratios_still_draws(tmp_path):
-    out = plot.plot_target(write_run(tmp_path / "sgd", lars=False), tmp_path / "x" / "sgd.png")
+    out = plot_tools.plot_target(write_run(tmp_path / "sgd", lars=False),
+                                 tmp_path / "x" / "sgd.png")
     assert png_size(out) == (1100, 770)
 
 
@@ -118,7 +120,7 @@ def test_baseline_is_the_smallest_batch_sgd_point():
             {"batch": 128, "optimizer": "lars", "best_top1": 92.0},
             {"batch": 128, "optimizer": "sgd", "best_top1": 90.0},
             {"batch": 64, "optimizer": "sgd", "best_top1": None}]
-    assert plot.baseline_point(best)["best_top1"] == 90.0
+    assert plot_tools.baseline_point(best)["best_top1"] == 90.0
 
 
 @pytest.mark.parametrize("make, words", [
@@ -127,12 +129,12 @@ def test_baseline_is_the_smallest_batch_sgd_point():
 ])
 def test_folders_that_are_not_runs_are_config_errors(tmp_path, make, words):
     with pytest.raises(ConfigError, match=words):
-        plot.plot_target(make(tmp_path))
+        plot_tools.plot_target(make(tmp_path))
 
 
 def test_out_must_be_a_png(tmp_path):
     with pytest.raises(ConfigError, match=r"\.png"):
-        plot.plot_target(write_run(tmp_path / "r"), tmp_path / "figure.pdf")
+        plot_tools.plot_target(write_run(tmp_path / "r"), tmp_path / "figure.pdf")
 
 
 def test_missing_matplotlib_is_a_config_error(tmp_path, monkeypatch):
@@ -145,4 +147,4 @@ def test_missing_matplotlib_is_a_config_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ConfigError, match="pip install"):
-        plot.plot_target(write_run(tmp_path / "r"))
+        plot_tools.plot_target(write_run(tmp_path / "r"))

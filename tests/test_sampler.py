@@ -8,15 +8,22 @@ import pytest
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
 from bigbatch.data.seeding import example_generator, example_uniforms, mix64, mix64_array
 from bigbatch.errors import ConfigError
+from bigbatch.geometry import BatchGeometry
 
 N, B, MICRO = 1000, 64, 8  # 15 steps per epoch, 40 tail examples, 8 micro-batches per step
+
+
+def batch_plan(num_examples: int, global_batch: int, micro_batch: int, world_size: int = 1,
+               rank: int = 0, seed: int = 0) -> GlobalBatchPlan:
+    geometry = BatchGeometry(global_batch, micro_batch, world_size, num_examples)
+    return GlobalBatchPlan(geometry, rank, seed)
 
 
 def micro_batches_by_index(world_size: int, epoch: int, step: int) -> dict[int, list[int]]:
     """Micro-batch number j -> its indices, gathered from every rank of a W-process run."""
     found: dict[int, list[int]] = {}
     for rank in range(world_size):
-        plan = GlobalBatchPlan(N, B, MICRO, world_size=world_size, rank=rank, seed=7)
+        plan = batch_plan(N, B, MICRO, world_size=world_size, rank=rank, seed=7)
         for a, micro in enumerate(plan.rank_micro_batches(epoch, step)):
             j = a * world_size + rank
             assert j not in found
@@ -26,7 +33,7 @@ def micro_batches_by_index(world_size: int, epoch: int, step: int) -> dict[int, 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_micro_batches_do_not_depend_on_world_size(world_size: int) -> None:
-    plan = GlobalBatchPlan(N, B, MICRO, world_size=world_size, seed=7)
+    plan = batch_plan(N, B, MICRO, world_size=world_size, seed=7)
     assert plan.accumulation_steps == B // (MICRO * world_size)
     for epoch, step in [(0, 0), (0, 14), (3, 6)]:
         reference = micro_batches_by_index(1, epoch, step)
@@ -37,9 +44,9 @@ def test_micro_batches_do_not_depend_on_world_size(world_size: int) -> None:
 
 
 def test_rank_streams_interleave_to_the_single_process_stream() -> None:
-    single = list(TrainBatches(GlobalBatchPlan(N, B, MICRO, seed=3), 0, 0, epochs=2))
+    single = list(TrainBatches(batch_plan(N, B, MICRO, seed=3), 0, 0, epochs=2))
     world = 4
-    streams = [list(TrainBatches(GlobalBatchPlan(N, B, MICRO, world, rank, seed=3), 0, 0, epochs=2))
+    streams = [list(TrainBatches(batch_plan(N, B, MICRO, world, rank, seed=3), 0, 0, epochs=2))
                for rank in range(world)]
     accumulation = B // (MICRO * world)
     rebuilt = []
@@ -51,8 +58,8 @@ def test_rank_streams_interleave_to_the_single_process_stream() -> None:
 
 
 def test_each_example_at_most_once_per_epoch_and_tail_dropped() -> None:
-    plan = GlobalBatchPlan(N, B, MICRO, seed=1)
-    assert plan.steps_per_epoch == 15 and plan.tail == 40
+    plan = batch_plan(N, B, MICRO, seed=1)
+    assert plan.steps_per_epoch == 15 and plan.geometry.tail == 40
     for epoch in range(3):
         used = np.concatenate([plan.step_indices(epoch, s) for s in range(plan.steps_per_epoch)])
         assert len(used) == N - 40
@@ -65,9 +72,9 @@ def test_each_example_at_most_once_per_epoch_and_tail_dropped() -> None:
 
 
 def test_order_depends_on_seed_and_epoch_only() -> None:
-    plan = GlobalBatchPlan(N, B, MICRO, seed=5)
-    again = GlobalBatchPlan(N, B, MICRO, world_size=2, rank=1, seed=5)
-    other_seed = GlobalBatchPlan(N, B, MICRO, seed=6)
+    plan = batch_plan(N, B, MICRO, seed=5)
+    again = batch_plan(N, B, MICRO, world_size=2, rank=1, seed=5)
+    other_seed = batch_plan(N, B, MICRO, seed=6)
     np.testing.assert_array_equal(plan.epoch_permutation(2), again.epoch_permutation(2))
     assert not np.array_equal(plan.epoch_permutation(0), plan.epoch_permutation(1))
     assert not np.array_equal(plan.epoch_permutation(0), other_seed.epoch_permutation(0))
@@ -79,7 +86,7 @@ def test_order_depends_on_seed_and_epoch_only() -> None:
 
 def test_permutation_is_roughly_uniform() -> None:
     size, epochs = 8, 4000
-    plan = GlobalBatchPlan(size, 8, 8, seed=0)
+    plan = batch_plan(size, 8, 8, seed=0)
     first = np.array([plan.epoch_permutation(e)[0] for e in range(epochs)])
     counts = np.bincount(first, minlength=size)
     # Each of 8 examples comes first 500 times on average (std about 21); 5 std of slack.
@@ -87,7 +94,7 @@ def test_permutation_is_roughly_uniform() -> None:
 
 
 def test_resume_yields_exactly_the_suffix() -> None:
-    plan = GlobalBatchPlan(N, B, MICRO, world_size=2, rank=1, seed=9)
+    plan = batch_plan(N, B, MICRO, world_size=2, rank=1, seed=9)
     full = list(TrainBatches(plan, 0, 0, epochs=3))
     per_step = plan.accumulation_steps
     assert len(full) == len(TrainBatches(plan, 0, 0, epochs=3)) == 3 * 15 * per_step
@@ -103,7 +110,7 @@ def test_resume_yields_exactly_the_suffix() -> None:
 
 
 def test_train_batches_keys_carry_epoch_and_micro_batch_size() -> None:
-    plan = GlobalBatchPlan(N, B, MICRO, seed=0)
+    plan = batch_plan(N, B, MICRO, seed=0)
     batches = list(TrainBatches(plan, 1, 0, epochs=2))
     assert all(len(keys) == MICRO for keys in batches)
     assert {epoch for keys in batches for _, epoch in keys} == {1}
@@ -111,17 +118,18 @@ def test_train_batches_keys_carry_epoch_and_micro_batch_size() -> None:
 
 
 def test_plan_validation_messages() -> None:
-    with pytest.raises(ConfigError, match=r"^global batch 1000 is not divisible by micro-batch "
-                       r"64 x 3 processes; choose a global batch that is a multiple of 192$"):
-        GlobalBatchPlan(6000, 1000, 64, world_size=3)
+    with pytest.raises(ConfigError, match=r"^global batch 1000 is not a multiple of micro-batch "
+                       r"64 x 3 processes = 192; choose a global batch that is a multiple of 192 "
+                       r"or a smaller --micro-batch$"):
+        batch_plan(6000, 1000, 64, world_size=3)
     with pytest.raises(ConfigError, match=r"^global batch 8192 is larger than the data set "
                        r"\(6000 examples\); lower --batch-size or use more data$"):
-        GlobalBatchPlan(6000, 8192, 64)
+        batch_plan(6000, 8192, 64)
     with pytest.raises(ConfigError, match="rank 2 is outside"):
-        GlobalBatchPlan(6000, 64, 8, world_size=2, rank=2)
+        batch_plan(6000, 64, 8, world_size=2, rank=2)
     with pytest.raises(ConfigError, match="micro batch must be at least 1"):
-        GlobalBatchPlan(6000, 64, 0)
-    plan = GlobalBatchPlan(100, 10, 5)
+        batch_plan(6000, 64, 0)
+    plan = batch_plan(100, 10, 5)
     with pytest.raises(ValueError, match="step 10 is outside"):
         plan.step_indices(0, 10)
     with pytest.raises(ValueError, match="start step 11"):

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from bigbatch import sweep
+from bigbatch import build
+from bigbatch.commands import sweep as sweep_command
+from bigbatch.commands.sweep import parse_int_list
 from bigbatch.errors import ConfigError
-from bigbatch.sweep import (
-    CSV_COLUMNS,
+from bigbatch.tools.sweep import records, runner, search
+from bigbatch.tools.sweep.records import CSV_COLUMNS, PointResult, markdown_table
+from bigbatch.tools.sweep.search import (
     LRRule,
-    PointResult,
     SweepSettings,
     best_exponent,
     initial_exponents,
-    markdown_table,
     next_extension,
-    parse_int_list,
 )
 
 # Tiny and fast: synthetic 28x28 single-channel 10-class data, a width-2 CNN, one epoch.
@@ -34,7 +34,7 @@ TINY_OVERRIDES = [
 
 def parser_with_sweep() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigbatch")
-    sweep.add_sweep_command(parser.add_subparsers())
+    sweep_command.add_commands(parser.add_subparsers())
     return parser
 
 
@@ -55,7 +55,7 @@ def test_initial_grid_is_centred_with_the_requested_size():
     assert initial_exponents(3) == [-1.0, 0.0, 1.0]
     assert initial_exponents(2) == [-0.5, 0.5]
     assert initial_exponents(1) == [0.0]
-    assert sweep.grid_lr(4.0, 2.0, -1) == 2.0 and sweep.grid_lr(4.0, 2.0, 1) == 8.0
+    assert search.grid_lr(4.0, 2.0, -1) == 2.0 and search.grid_lr(4.0, 2.0, 1) == 8.0
 
 
 def test_best_exponent_ignores_diverged_runs_and_breaks_ties_to_the_smaller_lr():
@@ -99,7 +99,7 @@ def test_chance_level_comes_from_the_number_of_classes():
     from bigbatch.config import resolve_config
 
     cfg = resolve_config(overrides=TINY_OVERRIDES)
-    assert sweep.chance_top1(cfg) == pytest.approx(10.0)
+    assert runner.chance_top1(cfg) == pytest.approx(10.0)
 
 def test_lr_rules_scale_linearly_for_sgd_and_by_sqrt_for_lars():
     assert LRRule(0.1, 128, "linear").centre(16384) == pytest.approx(12.8)
@@ -156,11 +156,11 @@ def fake_execute(peak: float):
     calls = []
 
     def execute(cfg, run_dir, torchrun):
-        lr = sweep.peak_lr_of(cfg)
+        lr = build.peak_lr(cfg)
         calls.append(lr)
         if lr > 64 * peak:
             summary = {"top1": None, "top5": None, "steps": 1, "wall_seconds": 0.1}
-            (run_dir / sweep.DIVERGED_FILE).write_text(json.dumps(summary))
+            (run_dir / records.DIVERGED_FILE).write_text(json.dumps(summary))
             return {**summary, "diverged": True}
         top1 = 90.0 - (math.log2(lr) - math.log2(peak)) ** 2
         summary = {"top1": top1, "top5": 99.0, "steps": 4, "wall_seconds": 0.5}
@@ -179,8 +179,8 @@ def fake_settings(**change) -> SweepSettings:
 
 def test_sweep_extends_the_grid_towards_a_better_edge_and_records_it(tmp_path, monkeypatch):
     execute, calls = fake_execute(peak=1.6)  # centre 0.2 at B=256: best lies 3 factors up
-    monkeypatch.setattr(sweep, "execute_run", execute)
-    (point,) = sweep.run_sweep(fake_settings(), tmp_path)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    (point,) = runner.run_sweep(fake_settings(), tmp_path)
     assert calls == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
     assert point.extensions == ["up", "up"]
     assert point.best_lr == pytest.approx(1.6) and point.best_at_edge
@@ -191,8 +191,8 @@ def test_sweep_extends_the_grid_towards_a_better_edge_and_records_it(tmp_path, m
 
 def test_sweep_stops_extending_once_the_best_is_inside(tmp_path, monkeypatch):
     execute, calls = fake_execute(peak=0.1)  # one factor below the smallest initial LR
-    monkeypatch.setattr(sweep, "execute_run", execute)
-    (point,) = sweep.run_sweep(fake_settings(), tmp_path)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    (point,) = runner.run_sweep(fake_settings(), tmp_path)
     assert calls == pytest.approx([0.1, 0.2, 0.4, 0.05])
     assert point.extensions == ["down"] and not point.best_at_edge
     assert point.best_lr == pytest.approx(0.1)
@@ -201,8 +201,8 @@ def test_sweep_stops_extending_once_the_best_is_inside(tmp_path, monkeypatch):
 def test_larger_batches_are_centred_on_the_smallest_batch_best_lr_scaled_by_the_rule(
         tmp_path, monkeypatch):
     execute, calls = fake_execute(peak=0.4)  # the best LR is 0.4 at every batch
-    monkeypatch.setattr(sweep, "execute_run", execute)
-    small, large = sweep.run_sweep(fake_settings(batch_sizes=(512, 128)), tmp_path)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    small, large = runner.run_sweep(fake_settings(batch_sizes=(512, 128)), tmp_path)
     # B=128 (run first, whatever the order given): 0.1 * 128/128 centre, extended up to 0.4
     assert calls[:5] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8])
     assert (small.batch, small.best_lr, small.extensions) == (128, pytest.approx(0.4), ["up", "up"])
@@ -215,16 +215,16 @@ def test_larger_batches_are_centred_on_the_smallest_batch_best_lr_scaled_by_the_
 
 def test_no_anchor_centres_every_batch_on_the_given_rule(tmp_path, monkeypatch):
     execute, calls = fake_execute(peak=0.4)
-    monkeypatch.setattr(sweep, "execute_run", execute)
-    sweep.run_sweep(fake_settings(batch_sizes=(128, 512), anchor=False, max_extensions=0),
+    monkeypatch.setattr(runner, "execute_run", execute)
+    runner.run_sweep(fake_settings(batch_sizes=(128, 512), anchor=False, max_extensions=0),
                     tmp_path)
     assert calls == pytest.approx([0.05, 0.1, 0.2, 0.2, 0.4, 0.8])  # 0.1 * B/128 x 2^k
 
 
 def test_diverged_runs_are_rows_with_nan_accuracy(tmp_path, monkeypatch):
     execute, _ = fake_execute(peak=0.001)
-    monkeypatch.setattr(sweep, "execute_run", execute)
-    sweep.run_sweep(fake_settings(max_extensions=0), tmp_path)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    runner.run_sweep(fake_settings(max_extensions=0), tmp_path)
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [r["top1"] for r in rows] == ["nan", "nan", "nan"]
     assert "diverged" in (tmp_path / "sweep.md").read_text()
@@ -232,14 +232,14 @@ def test_diverged_runs_are_rows_with_nan_accuracy(tmp_path, monkeypatch):
 
 def test_a_grid_of_collapsed_runs_keeps_growing_downwards(tmp_path, monkeypatch):
     def collapsed_above(cfg, run_dir, torchrun):
-        lr = sweep.peak_lr_of(cfg)
+        lr = build.peak_lr(cfg)
         summary = {"top1": 10.0 if lr > 0.03 else 60.0 + lr, "top5": 50.0, "steps": 2,
                    "wall_seconds": 0.1}
         (run_dir / "summary.json").write_text(json.dumps(summary))
         return summary
 
-    monkeypatch.setattr(sweep, "execute_run", collapsed_above)
-    (point,) = sweep.run_sweep(fake_settings(max_extensions=4), tmp_path)
+    monkeypatch.setattr(runner, "execute_run", collapsed_above)
+    (point,) = runner.run_sweep(fake_settings(max_extensions=4), tmp_path)
     # 0.1, 0.2, 0.4 and then 0.05 collapse; 0.025 learns; 0.0125 learns less: 0.025 is inside
     assert point.extensions == ["down", "down", "down"]
     assert point.best_lr == pytest.approx(0.025) and not point.best_at_edge
@@ -320,7 +320,7 @@ def test_real_sweep_resumes_without_rerunning_finished_runs(tiny_sweep, monkeypa
     def must_not_train(*_):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(sweep, "execute_run", must_not_train)
+    monkeypatch.setattr(runner, "execute_run", must_not_train)
     args = parser_with_sweep().parse_args(tiny_args(tiny_sweep))
     assert args.handler(args) == 0
     assert {p: p.stat().st_mtime_ns for p in summaries} == before
@@ -331,13 +331,13 @@ def test_real_sweep_reruns_only_an_unfinished_run(tiny_sweep, monkeypatch):
     victim = sorted(tiny_sweep.glob("runs/b00256-lars-*/summary.json"))[0]
     victim.unlink()
     trained = []
-    real_execute = sweep.execute_run
+    real_execute = runner.execute_run
 
     def counting(cfg, run_dir, torchrun):
         trained.append(run_dir.name)
         return real_execute(cfg, run_dir, torchrun)
 
-    monkeypatch.setattr(sweep, "execute_run", counting)
+    monkeypatch.setattr(runner, "execute_run", counting)
     args = parser_with_sweep().parse_args(tiny_args(tiny_sweep))
     assert args.handler(args) == 0
     assert trained == [victim.parent.name]

@@ -2,6 +2,6 @@
 
 import sys
 
-from bigbatch.cli import main
+from bigbatch.commands import main
 
 sys.exit(main())

@@ -345,13 +345,17 @@ def resolve_config(
     recipe: str | None = None,
     config_file: str | None = None,
     overrides: list[str] | None = None,
+    values: dict[str, Any] | None = None,
 ) -> RunConfig:
-    """Recipe or file, then overrides, then validation: the config a run will use."""
+    """Recipe or file, then ``values`` ({dotted key: value}, from command-line flags), then the
+    ``key=value`` overrides of --set, then validation: the config a run will use."""
     if recipe and config_file:
         raise ConfigError("pass either --recipe or --config, not both")
     if config_file:
         raw = load_config_file(config_file)
     else:
         raw = load_recipe(recipe or "fashion-mnist")
+    for key, value in (values or {}).items():
+        set_dotted(raw, key, value)
     raw = apply_overrides(raw, overrides or [])
     return validate(config_from_dict(raw))

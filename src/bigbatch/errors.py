@@ -1,4 +1,11 @@
-"""Errors a user can act on: the CLI prints their message on one line and exits with code 2."""
+"""Errors a user can act on, and the exit codes of the command line.
+
+A UserError's message is printed on one line and the command exits with EXIT_USER_ERROR.
+"""
+
+EXIT_USER_ERROR = 2  # bad input: one line on stderr says what to change
+EXIT_NONFINITE = 3  # training stopped on a non-finite loss or gradient
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: preempted after writing a checkpoint; resume with --resume auto
 
 
 class UserError(Exception):

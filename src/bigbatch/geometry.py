@@ -58,7 +58,8 @@ class BatchGeometry:
                                   f"{getattr(self, name)}")
         per_step = self.micro_batch * self.world_size
         if self.global_batch % per_step:
-            processes = "" if self.world_size == 1 else f" x {self.world_size} processes = {per_step}"
+            processes = ("" if self.world_size == 1
+                         else f" x {self.world_size} processes = {per_step}")
             raise ConfigError(
                 f"global batch {self.global_batch} is not a multiple of micro-batch "
                 f"{self.micro_batch}{processes}; choose a global batch that is a multiple of "

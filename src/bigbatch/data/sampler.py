@@ -4,8 +4,9 @@ A run is defined by the global batch B, the micro-batch b and the seed. Each epo
 permutation of the data set, a pure function of (seed, epoch). Global step s takes the B indices
 ``perm[s*B:(s+1)*B]``; they are cut into B/b micro-batches, micro-batch j being
 ``step[j*b:(j+1)*b]``. With W processes and A = B/(b*W) accumulation steps, rank r runs
-micro-batch ``j = a*W + r`` at accumulation step a (bigbatch.geometry holds these formulas). The micro-batches, and so the BatchNorm
-batches and the summed gradient of the step, are therefore the same for every W.
+micro-batch ``j = a*W + r`` at accumulation step a (bigbatch.geometry holds these formulas).
+The micro-batches, and so the BatchNorm batches and the summed gradient of the step, are
+therefore the same for every W.
 
 Tail policy: an epoch has ``num_examples // B`` steps; the last ``num_examples % B`` examples of
 each epoch's permutation are not used in that epoch (a different set each epoch). The paper's
@@ -16,6 +17,7 @@ change the effective batch size of one step.
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import numpy as np
 
 from bigbatch.data.seeding import mix64_array

@@ -1,7 +1,7 @@
 """All-reduce time against message size for the current world, and its alpha-beta fit.
 
     torchrun --nproc-per-node 2 -m bigbatch bench allreduce --out allreduce.json
-    python -m torch.distributed.run --nproc-per-node 4 -m bigbatch.allreduce_bench --max-bytes 64M
+    python -m torch.distributed.run --nproc-per-node 4 -m bigbatch.commands.bench --max-bytes 64M
 
 gloo on CPU, NCCL on GPUs (``--backend``). Each message size (float32 tensors, from
 ``--min-bytes`` to ``--max-bytes`` in steps of ``--factor``) is all-reduced ``--warmup`` times
@@ -10,7 +10,7 @@ is the median repeat.
 
 Model and fit. The measured medians are fitted by t(n) = a + b n with a, b >= 0, a robust fit
 that counts misses as factors (see fit_latency_bandwidth). For the ring algorithm used by the
-planner (plan.py), t(n) = 2(p-1) alpha + 2(p-1)/p n beta, hence
+planner (bigbatch.tools.plan), t(n) = 2(p-1) alpha + 2(p-1)/p n beta, hence
 
     alpha = a / (2(p-1))            seconds per message (one ring step)
     beta  = b p / (2(p-1))          seconds per byte on one link;  bandwidth = 8 / beta bit/s
@@ -21,23 +21,22 @@ reads it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import platform
 import re
 import statistics
-import sys
 import time
-from pathlib import Path
 
-from bigbatch.errors import ConfigError, UserError
+from bigbatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,
           "MIB": 2**20, "G": 2**30, "GB": 2**30, "GIB": 2**30}
+
+
 MODEL = "t(n) = a + b n; ring: a = 2(p-1) alpha, b = 2(p-1)/p beta"
 
 
@@ -172,77 +171,3 @@ def run_benchmark(sizes: list[int], repeats: int, warmup: int, ctx) -> dict:
         "model": MODEL,
         "fit": fit_record(sizes, medians, ctx.world_size),
     }
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def add_allreduce_options(command: argparse.ArgumentParser) -> None:
-    # torchrun reads an argument it can take for one of its own options (--max for --max-restarts)
-    # even after the module name, so the unambiguous spellings come first.
-    command.add_argument("--min-bytes", "--min", dest="min", default="1K",
-                         help="smallest message (default 1K)")
-    command.add_argument("--max-bytes", "--max", dest="max", default="256M",
-                         help="largest message (default 256M; under torchrun write --max-bytes)")
-    command.add_argument("--factor", type=int, default=4, help="size step, 2 or 4 (default 4)")
-    command.add_argument("--repeats", type=int, default=10, help="timed repeats (default 10)")
-    command.add_argument("--warmup", type=int, default=2, help="untimed repeats (default 2)")
-    command.add_argument("--backend", default="auto", help="auto (NCCL on GPUs, else gloo), "
-                                                           "gloo or nccl")
-    command.add_argument("--out", help="also write the JSON result to this file (rank 0)")
-
-
-def add_bench_command(commands) -> argparse.ArgumentParser:
-    """Register ``bigbatch bench allreduce`` on argparse sub-parsers."""
-    bench = commands.add_parser("bench", help="micro-benchmarks (allreduce)",
-                                description="Micro-benchmarks.")
-    kinds = bench.add_subparsers(title="benchmarks", metavar="BENCHMARK")
-    allreduce = kinds.add_parser(
-        "allreduce", help="all-reduce time against message size, with its alpha-beta fit",
-        description="All-reduce time against message size for the current world (launch "
-                    "with torchrun), fitted by t(n) = a + b n.")
-    add_allreduce_options(allreduce)
-    allreduce.set_defaults(handler=run_allreduce_bench)
-    return allreduce
-
-
-def run_allreduce_bench(args: argparse.Namespace) -> int:
-    sizes = message_sizes(parse_size(args.min), parse_size(args.max), args.factor)
-    if args.repeats < 1 or args.warmup < 0:
-        raise ConfigError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
-                          f"{args.warmup}")
-    from bigbatch.distributed import init_distributed, launch_env, shutdown
-
-    if launch_env().world_size < 2:
-        raise ConfigError("the all-reduce benchmark needs at least 2 processes: run it under "
-                          "torchrun --nproc-per-node 2 (or more)")
-    ctx = init_distributed(args.backend)
-    try:
-        result = run_benchmark(sizes, args.repeats, args.warmup, ctx)
-    finally:
-        shutdown()
-    if ctx.is_main:
-        text = json.dumps(result, indent=2)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text + "\n")
-        print(text)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bigbatch.allreduce_bench``: the same command without the CLI around it."""
-    parser = argparse.ArgumentParser(prog="python -m bigbatch.allreduce_bench",
-                                     description=__doc__.split("\n\n")[0])
-    add_allreduce_options(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    try:
-        return run_allreduce_bench(args)
-    except UserError as error:
-        print(f"bigbatch: error: {error}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,14 +7,14 @@
 The LARS paper (Table 2) shows that at the first iteration of AlexNet the ratio of weight norm to
 gradient norm differs by more than two orders of magnitude between layers (conv1.w 5.76 vs
 fc6.w 1345). One global learning rate is then too large for some layers and too small for others;
-LARS gives every layer the local rate η·‖w‖/‖∇w‖ (PAPER.md §2). This module measures the same
+LARS gives every layer the local rate η·‖w‖/‖∇w‖ (You, Gitman, Ginsburg,
+"Large Batch Training of Convolutional Networks", 2017, section 3). This module measures the same
 table for any registered model: a freshly initialised model, one forward and backward pass of
 cross-entropy on one batch in training mode, no optimizer step.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 from dataclasses import dataclass
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bigbatch.config import apply_overrides
 from bigbatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
 
 # LARS paper Table 2: AlexNet, first iteration (PAPER.md §2). Keys are our parameter names.
 PAPER_ALEXNET_RATIOS = {
@@ -39,7 +39,11 @@ PAPER_ALEXNET_RATIOS = {
     "fc7.weight": 489.0,
     "fc8.weight": 19.0,
 }
+
+
 INSPECT_DATA = ("synthetic", "fashion-mnist", "imagefolder", "packed")
+
+
 SYNTHETIC_CLASSES = 1000  # ImageNet's, so fc8 has the paper's shape
 
 
@@ -212,46 +216,3 @@ def spread_summary(rows: list[ParameterRatio]) -> str:
 def paper_values_for(model_name: str) -> dict[str, float] | None:
     """Table 2 is AlexNet's; its rows are shown next to ours for that model only."""
     return PAPER_ALEXNET_RATIOS if model_name == "alexnet" else None
-
-
-def add_inspect_command(commands) -> argparse.ArgumentParser:
-    command = commands.add_parser(
-        "inspect", help="‖w‖/‖∇w‖ per layer at the first iteration (why LARS)",
-        description="Print the ratio of weight norm to gradient norm of every parameter tensor "
-                    "of a fresh model after one forward/backward pass (LARS paper, Table 2).")
-    command.add_argument("--model", required=True, help="model name (see `bigbatch models`)")
-    command.add_argument("--dataset", default="synthetic",
-                         help=f"data set: {', '.join(INSPECT_DATA)} (default synthetic)")
-    command.add_argument("--data", default=None, metavar="DIR",
-                         help="data folder (imagefolder and packed; optional for fashion-mnist)")
-    command.add_argument("--image-size", type=int, default=None,
-                         help="input side (default: the model's, e.g. 227 for AlexNet)")
-    command.add_argument("--batch", type=int, default=8, help="examples in the batch")
-    command.add_argument("--seed", type=int, default=0, help="initialisation and data seed")
-    command.add_argument("--input-std", type=float, default=1.0,
-                         help="scale of the input relative to normalised images (default 1, "
-                              "what training feeds the model)")
-    command.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                         help="model option, e.g. --option init=torch (repeatable; the options "
-                              "of a model are listed by `bigbatch models`)")
-    command.set_defaults(handler=run_inspect_command)
-    return command
-
-
-def run_inspect_command(args: argparse.Namespace) -> int:
-    options = apply_overrides({}, args.option, flag="--option")
-    rows = inspect_model(args.model, args.dataset, args.image_size, args.batch, args.seed,
-                         args.input_std, options, args.data)
-    paper = paper_values_for(args.model)
-    size = args.image_size or default_image_size(args.model, args.dataset)
-    chosen = "".join(f", {key}={value}" for key, value in options.items())
-    print(f"{args.model}{chosen}: first iteration, {args.dataset} data, batch {args.batch}, "
-          f"{size}x{size} input of std {args.input_std:g}, fresh weights (seed {args.seed})")
-    print(format_table(rows, paper))
-    print(spread_summary(rows))
-    if paper is not None:
-        print("paper: LARS paper (You, Gitman, Ginsburg 2017) Table 2, AlexNet on ImageNet in "
-              "Caffe; every ratio grows about as sqrt(batch) and depends on the data, so compare "
-              "the order and spread across layers rather than single values "
-              "(docs/results/trust_ratio/)")
-    return 0

@@ -9,7 +9,6 @@ switch), so plotting works on machines without a display and leaves no state beh
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -20,6 +19,8 @@ from bigbatch.errors import ConfigError
 # The paper's claim is "within 1 point of the small-batch accuracy" (PAPER.md §3), so the baseline
 # band spans the best small-batch top-1 plus and minus that one point.
 BASELINE_BAND_POINTS = 1.0
+
+
 OPTIMIZER_STYLE = {"sgd": ("tab:orange", "s", "SGD, linear scaling + warmup"),
                    "lars": ("tab:blue", "o", "LARS, sqrt scaling + warmup")}
 
@@ -46,9 +47,6 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-# ----------------------------------------------------------------------------- sweep
 
 
 def load_sweep(folder: Path) -> dict[str, Any]:
@@ -122,9 +120,6 @@ def plot_sweep(folder: Path, out: Path) -> Path:
 
 def _batch_label(batch: int) -> str:
     return f"{batch // 1024}K" if batch >= 1024 and batch % 1024 == 0 else str(batch)
-
-
-# ----------------------------------------------------------------------------- run
 
 
 def load_run_metrics(folder: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -242,9 +237,6 @@ def _empty_note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9)
 
 
-# ----------------------------------------------------------------------------- entry points
-
-
 def save(figure, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
@@ -264,20 +256,3 @@ def plot_target(target: str | Path, out: str | Path | None = None) -> Path:
     if (folder / "metrics.jsonl").is_file():
         return plot_run(folder, Path(out) if out else folder / "training.png")
     raise ConfigError(f"'{target}' has neither sweep.json (a sweep) nor metrics.jsonl (a run)")
-
-
-def add_plot_command(commands) -> argparse.ArgumentParser:
-    command = commands.add_parser(
-        "plot", help="PNG figure of a run or a sweep",
-        description="Plot a sweep (top-1 against batch size) or a run (loss, top-1, LR and LARS "
-                    "trust ratios against step).")
-    command.add_argument("target", metavar="RUN_OR_SWEEP_DIR")
-    command.add_argument("--out", default=None, help="PNG file (default: in the folder)")
-    command.set_defaults(handler=run_plot_command)
-    return command
-
-
-def run_plot_command(args: argparse.Namespace) -> int:
-    path = plot_target(args.target, args.out)
-    print(f"wrote {path}")
-    return 0

@@ -1,0 +1,121 @@
+"""`bigbatch train` and `bigbatch eval`: their options, and the calls into the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED
+
+# Command-line flags that map straight onto config keys.
+TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
+    "data": ("data.path", str, "data folder (Fashion-MNIST IDX files or an ImageNet-style tree)"),
+    "dataset": ("data.name", str, "data set: fashion-mnist, imagefolder, synthetic, packed"),
+    "out": ("out", str, "run directory (config, metrics, checkpoints, summary, weights)"),
+    "model": ("model.name", str, "model name (see `bigbatch models`)"),
+    "optimizer": ("optim.name", str, "lars or sgd"),
+    "batch_size": ("global_batch", int, "global batch B (all processes, all accumulation steps)"),
+    "micro_batch": (
+        "micro_batch",
+        int,
+        "micro-batch b: one forward pass on one device; the BN batch",
+    ),
+    "epochs": ("epochs", float, "training epochs"),
+    "lr": ("optim.lr", float, "base learning rate (at optim.reference_batch)"),
+    "warmup_epochs": ("schedule.warmup_epochs", float, "linear warmup length in epochs"),
+    "seed": ("seed", int, "seed of the whole run (data order, augmentation, init, dropout)"),
+    "train_subset": ("data.train_subset", int, "use only the first N training examples"),
+    "resume": (
+        "checkpoint.resume",
+        str,
+        "'auto' (latest valid checkpoint in the run dir) or a path",
+    ),
+    "checkpoint_every": ("checkpoint.every_steps", int, "also checkpoint every N global steps"),
+    "backend": ("backend", str, "auto (NCCL on GPUs, else gloo), gloo or nccl"),
+}
+
+
+def add_config_options(command: argparse.ArgumentParser) -> None:
+    source = command.add_mutually_exclusive_group()
+    source.add_argument(
+        "--recipe", help="a shipped recipe (see `bigbatch recipes`); default fashion-mnist"
+    )
+    source.add_argument("--config", help="a YAML config file (e.g. a run's config.yaml)")
+    command.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set optim.trust_coefficient=0.002",
+    )
+
+
+def add_train_command(commands) -> None:
+    command = commands.add_parser("train", help="train a model", description="Train a model.")
+    add_config_options(command)
+    for flag, (_, kind, help_text) in TRAIN_FLAGS.items():
+        command.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
+    command.set_defaults(handler=run_train)
+
+
+def add_eval_command(commands) -> None:
+    command = commands.add_parser(
+        "eval",
+        help="evaluate saved weights on the validation set",
+        description="Evaluate saved weights (final.pt or a checkpoint).",
+    )
+    command.add_argument("--weights", required=True, help="final.pt or a checkpoint file")
+    command.add_argument("--data", help="data folder, if not the one the weights were trained on")
+    command.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
+    command.set_defaults(handler=run_eval)
+
+
+def add_commands(commands) -> None:
+    add_train_command(commands)
+    add_eval_command(commands)
+
+
+def values_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """{dotted config key: value} of the flags given, already of the key's type (argparse
+    converted them); `--set` assignments are applied after these."""
+    # A recipe's model options belong to its model: --model starts from the new model's defaults
+    # (options given with --set still apply, they come after these).
+    values: dict[str, Any] = {"model.options": {}} if args.model is not None else {}
+    for flag, (key, _, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from bigbatch.config import resolve_config
+    from bigbatch.distributed import init_distributed, shutdown
+    from bigbatch.train import NonFiniteLoss, Preempted, train
+
+    cfg = resolve_config(args.recipe, args.config, args.overrides, values_from_flags(args))
+    ctx = init_distributed(cfg.backend)
+    try:
+        summary = train(cfg, ctx)
+    except NonFiniteLoss as error:
+        logging.getLogger("bigbatch").error("%s", error)
+        return EXIT_NONFINITE
+    except Preempted as error:
+        logging.getLogger("bigbatch").warning("%s; resume with --resume auto", error)
+        return EXIT_PREEMPTED
+    finally:
+        shutdown()
+    if ctx.is_main:
+        print(json.dumps(summary))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from bigbatch.inference import evaluate_weights
+
+    result = evaluate_weights(args.weights, data_path=args.data, batch_size=args.batch_size)
+    print(json.dumps(result))
+    return 0
