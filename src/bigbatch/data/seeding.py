@@ -1,8 +1,8 @@
 """Counter-based randomness: every random number is a hash of (seed, epoch, example index, ...).
 
-DESIGN.md principle 1: data order and augmentation must not depend on which process draws them
-or in which order, so that a run with global batch B gives the same batches for any number of
-processes W and accumulation steps A. A process-local RNG stream cannot give that (its state
+The first principle of docs/design.md: data order and augmentation must not depend on which
+process draws them or in which order, so that a run with global batch B gives the same batches
+for any number of processes W and accumulation steps A. A process-local RNG stream cannot give that (its state
 depends on what that process drew before); a hash of the example's coordinates can.
 
 The hash is the splitmix64 finaliser (Steele, Lea & Flood 2014, the seeding function of

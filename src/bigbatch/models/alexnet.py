@@ -13,7 +13,8 @@ Layout (input 227x227, the paper's crop)::
     avgpool (adaptive, 6x6) -> flatten -> fc6 4096 -> relu6 -> drop6
     fc7 4096 -> relu7 -> drop7 -> fc8 num_classes
 
-AlexNet-BN (PAPER.md §3, the authors' Intel Caffe release) drops both LRN layers and puts a
+AlexNet-BN (You et al., "ImageNet Training in Minutes", ICPP 2018, and the
+authors' Intel Caffe release) drops both LRN layers and puts a
 BatchNorm immediately *before* conv2, conv3, conv4 and conv5 (``bn2`` .. ``bn5``: after pool1,
 pool2, relu3 and relu4). Those BN layers are Caffe ``BatchNorm`` layers: moving-average fraction
 0.9 (PyTorch momentum 0.1), eps 1e-4 and no learnable scale or shift (``bn_affine=False``).
@@ -234,7 +235,7 @@ def alexnet_bn(
     init: InitScheme = "caffe",
     input_scale: float | None = None,
 ) -> AlexNet:
-    """AlexNet-BN of the paper: LRN removed, BatchNorm before conv2..conv5 (PAPER.md §3).
+    """AlexNet-BN of the paper: LRN removed, BatchNorm before conv2..conv5 (ICPP 2018).
     ``input_scale`` as for ``alexnet`` (BN after pool1 makes it matter for conv1 alone)."""
     _check_options(dropout, init, input_scale)
     return AlexNet(

@@ -1,4 +1,5 @@
-"""Model size and compute, the two inputs of the paper's scaling argument (PAPER.md §4).
+"""Model size and compute, the two inputs of the paper's scaling argument (You et al.,
+"ImageNet Training in Minutes", ICPP 2018).
 
 Communication per iteration is proportional to the number of parameters (the gradient that is
 all-reduced); computation is proportional to the images times the forward cost. The planner

@@ -1,8 +1,9 @@
 """Learning-rate schedules as pure functions of the global step, and batch-size LR scaling.
 
-The paper's schedule (PAPER.md §2): a linear warmup from ``warmup_start_lr`` to the peak γ0, then
-polynomial decay γ_t = γ0·(1 − t/T)^2. Being a pure function of the step, the schedule needs
-nothing but the step to resume.
+The schedule of Algorithm 1 of the LARS paper (You, Gitman, Ginsburg, "Large Batch Training of
+Convolutional Networks", 2017) with warmup: a linear warmup from ``warmup_start_lr`` to the peak
+γ0, then polynomial decay γ_t = γ0·(1 − t/T)^2. Being a pure function of the step, the schedule
+needs nothing but the step to resume.
 """
 
 from __future__ import annotations

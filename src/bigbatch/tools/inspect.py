@@ -8,7 +8,7 @@ The LARS paper (Table 2) shows that at the first iteration of AlexNet the ratio 
 gradient norm differs by more than two orders of magnitude between layers (conv1.w 5.76 vs
 fc6.w 1345). One global learning rate is then too large for some layers and too small for others;
 LARS gives every layer the local rate η·‖w‖/‖∇w‖ (You, Gitman, Ginsburg,
-"Large Batch Training of Convolutional Networks", 2017, section 3). This module measures the same
+"Large Batch Training of Convolutional Networks", 2017). This module measures the same
 table for any registered model: a freshly initialised model, one forward and backward pass of
 cross-entropy on one batch in training mode, no optimizer step.
 """
@@ -27,7 +27,8 @@ from bigbatch.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-# LARS paper Table 2: AlexNet, first iteration (PAPER.md §2). Keys are our parameter names.
+# LARS paper (You, Gitman, Ginsburg, 2017) Table 2: AlexNet, first iteration. Keys are our
+# parameter names.
 PAPER_ALEXNET_RATIOS = {
     "conv1.weight": 5.76,
     "conv1.bias": 8.48,

@@ -16,8 +16,8 @@ from typing import Any
 
 from bigbatch.errors import ConfigError
 
-# The paper's claim is "within 1 point of the small-batch accuracy" (PAPER.md §3), so the baseline
-# band spans the best small-batch top-1 plus and minus that one point.
+# The paper's claim is "within 1 point of the small-batch accuracy" (You et al., ICPP 2018), so
+# the baseline band spans the best small-batch top-1 plus and minus that one point.
 BASELINE_BAND_POINTS = 1.0
 
 

@@ -5,7 +5,7 @@
     bigbatch plan --model resnet18 --device-images-per-second 300 --allreduce-json ar.json
     bigbatch plan --paper
 
-The model (You et al., "ImageNet Training in Minutes", ICPP 2018, section 4: computation scales
+The model (You et al., "ImageNet Training in Minutes", ICPP 2018: computation scales
 with the images, communication with the parameters) for a global batch B on p devices:
 
 - compute per step         C(p) = (B / p) / (r x f), with r the device's training images/s
@@ -20,7 +20,7 @@ with the images, communication with the parameters) for a global batch B on p de
   devices per node the all-reduce is hierarchical: a ring inside the node on the intra-node link,
   plus the ring (or tree) above over the nodes, where beta is the node's network injection
   bandwidth (all its NICs);
-- overlap: each layer's all-reduce starts when its backward finishes (the same paper, section 4;
+- overlap: each layer's all-reduce starts when its backward finishes (the same paper;
   DDP does the same per bucket), so up to the backward pass, taken as 2/3 of compute, can hide it.
   Assumption: a fraction ``overlap`` (default 0.5) of backward is available, because the first
   gradients arrive only after the last layers' backward, the last ones have nothing left to hide

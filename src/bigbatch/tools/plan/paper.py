@@ -1,5 +1,5 @@
 """The planner against the paper: the predicted time of each published run (You et al.,
-"ImageNet Training in Minutes", ICPP 2018, Table 6 and section 4) beside the reported one."""
+"ImageNet Training in Minutes", ICPP 2018) beside the reported one."""
 
 from __future__ import annotations
 
