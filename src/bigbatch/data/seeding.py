@@ -2,8 +2,9 @@
 
 The first principle of docs/design.md: data order and augmentation must not depend on which
 process draws them or in which order, so that a run with global batch B gives the same batches
-for any number of processes W and accumulation steps A. A process-local RNG stream cannot give that (its state
-depends on what that process drew before); a hash of the example's coordinates can.
+for any number of processes W and accumulation steps A. A process-local RNG stream cannot give
+that (its state depends on what that process drew before); a hash of the example's coordinates
+can.
 
 The hash is the splitmix64 finaliser (Steele, Lea & Flood 2014, the seeding function of
 java.util.SplittableRandom and of xoshiro), chained over the values of the tuple. Each chaining
