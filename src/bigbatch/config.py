@@ -19,15 +19,6 @@ import yaml
 from bigbatch.errors import ConfigError
 from bigbatch.geometry import BatchGeometry
 
-DATASETS = ("fashion-mnist", "imagefolder", "synthetic", "packed")
-OPTIMIZERS = ("lars", "sgd")
-SCHEDULES = ("poly", "cosine", "step", "constant")
-LR_SCALING = ("none", "linear", "sqrt")
-PRECISIONS = ("fp32", "bf16", "auto")  # auto: bf16 where the hardware has native bf16
-ON_BROKEN = ("skip", "error")
-ON_NONFINITE = ("stop", "skip")
-BACKENDS = ("auto", "gloo", "nccl")
-
 
 @dataclass
 class DataConfig:
@@ -263,14 +254,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check every value that can be checked without data; raise ConfigError on the first."""
-    _check_choice("data.name", cfg.data.name, DATASETS)
-    _check_choice("data.on_broken", cfg.data.on_broken, ON_BROKEN)
-    _check_choice("optim.name", cfg.optim.name, OPTIMIZERS)
-    _check_choice("optim.lr_scaling", cfg.optim.lr_scaling, LR_SCALING)
-    _check_choice("schedule.kind", cfg.schedule.kind, SCHEDULES)
-    _check_choice("precision", cfg.precision, PRECISIONS)
-    _check_choice("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
-    _check_choice("backend", cfg.backend, BACKENDS)
+    _check_choices(cfg)
     _check_positive("epochs", cfg.epochs)
     _check_positive("global_batch", cfg.global_batch)
     _check_positive("micro_batch", cfg.micro_batch)
@@ -312,6 +296,26 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
     return cfg
+
+
+def _check_choices(cfg: RunConfig) -> None:
+    """Each named choice against the list its component defines. Imported here, not at the top:
+    the components import torch, which the command line needs only once a run starts."""
+    from bigbatch.build import PRECISIONS
+    from bigbatch.data import DATASETS, ON_BROKEN
+    from bigbatch.distributed import BACKENDS
+    from bigbatch.optim import OPTIMIZERS
+    from bigbatch.optim.schedule import SCALING_RULES, SCHEDULE_KINDS
+    from bigbatch.train.nonfinite import POLICIES
+
+    _check_choice("data.name", cfg.data.name, DATASETS)
+    _check_choice("data.on_broken", cfg.data.on_broken, ON_BROKEN)
+    _check_choice("optim.name", cfg.optim.name, OPTIMIZERS)
+    _check_choice("optim.lr_scaling", cfg.optim.lr_scaling, SCALING_RULES)
+    _check_choice("schedule.kind", cfg.schedule.kind, SCHEDULE_KINDS)
+    _check_choice("precision", cfg.precision, PRECISIONS)
+    _check_choice("on_nonfinite", cfg.on_nonfinite, POLICIES)
+    _check_choice("backend", cfg.backend, BACKENDS)
 
 
 def _get_dotted(cfg: Any, dotted: str) -> Any:

@@ -125,6 +125,9 @@ def first_slurm_host(nodelist: str) -> str:
     return f"{prefix}{first}"
 
 
+BACKENDS = ("auto", "gloo", "nccl")  # auto: NCCL on GPUs, else gloo
+
+
 def choose_backend(requested: str) -> str:
     if requested != "auto":
         if requested == "nccl" and not torch.cuda.is_available():

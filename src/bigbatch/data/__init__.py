@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from bigbatch.data.batch import Batch
 from bigbatch.data.fashion_mnist import FashionMNIST, locate_fashion_mnist
-from bigbatch.data.imagefolder import ImageFolderData
+from bigbatch.data.imagefolder import ON_BROKEN, ImageFolderData
 from bigbatch.data.loader import default_workers, make_loader
 from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
@@ -22,7 +22,7 @@ from bigbatch.data.transforms import eval_resize_size
 from bigbatch.errors import ConfigError, DataError
 
 DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic")
-ON_BROKEN = ("skip", "error")
+
 DEFAULT_IMAGE_SIZE = 224
 
 

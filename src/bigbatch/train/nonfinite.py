@@ -21,6 +21,9 @@ from bigbatch.distributed import DistContext, barrier
 log = logging.getLogger(__name__)
 
 
+POLICIES = ("stop", "skip")
+
+
 class NonFiniteLoss(RuntimeError):
     """Training stopped on a NaN/Inf loss or gradient."""
 
