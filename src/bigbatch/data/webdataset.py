@@ -30,7 +30,7 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,10 +208,31 @@ class _Sample:
         flaw = self.flaw
         if not self.has_image:
             flaw = NO_IMAGE
-        elif not flaw and self.offset + self.size > shard_size:
+        elif self.offset + self.size > shard_size:
             flaw = CUT_OFF
         label = self.label if self.label is not None and not flaw else -1
         return self.key, self.offset, self.size, label, flaw
+
+
+def shard_members(tar: tarfile.TarFile, path: Path) -> Iterator[tarfile.TarInfo]:
+    """The file members of an open shard in order; a shard cut off after some members yields
+    those (with a warning), as its last sample is then reported broken anyway."""
+    count = 0
+    while True:
+        try:
+            member = tar.next()
+        except tarfile.ReadError as error:
+            if not count:
+                raise
+            log.warning("shard %s ends inside a member (%s); using its first %d members", path,
+                        error, count)
+            return
+        if member is None:
+            return
+        tar.members.clear()  # the headers are not needed again; keep memory flat
+        count += 1
+        if member.isfile():
+            yield member
 
 
 def scan_shard(path: Path) -> ShardIndex:
@@ -221,9 +242,8 @@ def scan_shard(path: Path) -> ShardIndex:
     sample: _Sample | None = None
     try:
         with tarfile.open(path, "r:") as tar:
-            while (member := tar.next()) is not None:
-                tar.members.clear()  # the headers are not needed again; keep memory flat
-                named = split_member_name(member.name) if member.isfile() else None
+            for member in shard_members(tar, path):
+                named = split_member_name(member.name)
                 if named is None:
                     continue
                 key, extension = named
