@@ -49,7 +49,13 @@ from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers, barrier
 from bigbatch.errors import CheckpointError
 from bigbatch.evaluate import evaluate
-from bigbatch.faults import fault_from_env, fire_step_fault, kills_checkpoint, poisons_loss
+from bigbatch.faults import (
+    clock_skew,
+    fault_from_env,
+    fire_step_fault,
+    kills_checkpoint,
+    poisons_loss,
+)
 from bigbatch.metrics import MetricsLog, quantiles, truncate_after_step
 from bigbatch.preemption import StopRequest
 from bigbatch.timing import CommClock, StepTimer, timed_allreduce_hook
@@ -175,7 +181,7 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
         # One reduction carries the loss, the example count, the two stop conditions and the
         # time-based checkpoint vote, so every rank takes the same decisions after the same step
         # (ranks' clocks differ; a checkpoint is a collective).
-        clock_vote = clock_says_checkpoint(cfg, last_checkpoint)
+        clock_vote = clock_says_checkpoint(cfg, last_checkpoint - clock_skew(fault, step, ctx.rank))
         flags = torch.stack(
             [
                 loss_sum,
@@ -439,8 +445,8 @@ def restore(cfg: RunConfig, ctx: DistContext, run_dir: Path, model, optimizer) -
     else:
         path, state = Path(resume), checkpoint.load(Path(resume))
     check_resumable(cfg, state, path)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    checkpoint.load_model_state(model, state["model"], f"checkpoint {path}")
+    checkpoint.load_optimizer_state(optimizer, state["optimizer"], f"checkpoint {path}")
     if ctx.is_main:
         truncate_after_step(run_dir / "metrics.jsonl", state["step"])
         log.info("resumed from %s at global step %d", path, state["step"])
