@@ -5,7 +5,9 @@
 - ``crash``: the process exits with code 13 at the start of global step N;
 - ``sigkill``: the process kills itself with SIGKILL at the start of global step N;
 - ``nan``: the loss of global step N is made NaN;
-- ``kill-in-checkpoint``: SIGKILL in the middle of writing the first checkpoint after step N.
+- ``kill-in-checkpoint``: SIGKILL in the middle of writing the first checkpoint after step N;
+- ``clock-skew``: at global step N this rank's clock reads an hour ahead when it votes for a
+  time-based checkpoint (ranks' clocks disagreeing, as they do on real machines).
 
 Under torchrun the fault fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so
 that an elastic restart can show recovery. Without the variable nothing here does anything.
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 
 from bigbatch.errors import ConfigError
 
-KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint")
+KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint", "clock-skew")
 CRASH_EXIT_CODE = 13
+CLOCK_SKEW_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,9 @@ def kills_checkpoint(fault: Fault | None, step: int, rank: int) -> bool:
     return (
         fault is not None and fault.kind == "kill-in-checkpoint" and fault.applies_after(step, rank)
     )
+
+
+def clock_skew(fault: Fault | None, step: int, rank: int) -> float:
+    """Seconds this rank's clock runs ahead at ``step`` (0 without a ``clock-skew`` fault)."""
+    skewed = fault is not None and fault.kind == "clock-skew" and fault.applies(step, rank)
+    return CLOCK_SKEW_SECONDS if skewed else 0.0
