@@ -24,8 +24,9 @@ data:
 train: setup data
 	$(BIN)/bigbatch train
 
+# BIGBATCH_REQUIRE_DATA=1: a test that needs Fashion-MNIST fails without it instead of skipping.
 test: setup data
-	$(BIN)/python -m pytest -q
+	BIGBATCH_REQUIRE_DATA=1 $(BIN)/python -m pytest -q
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import torch
 
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-
 # A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64.
 # LR 0.5: runs on different process layouts differ only in the order in which micro-batch
 # gradients are summed (1e-7 after a step), and at LR 2 the BatchNorm and bias tensors (plain

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from launch import (
-    FASHION_MNIST,
     TINY,
     final_state,
     free_port,
@@ -20,7 +19,7 @@ from launch import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist"),
+    pytest.mark.fashion_mnist,
 ]
 
 

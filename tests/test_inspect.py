@@ -122,7 +122,8 @@ def test_spread_summary_names_the_extremes():
     (["--model", "no_such_model"], "no_such_model"),
     (["--model", "small_cnn", "--dataset", "imagenet"], "not supported"),
     (["--model", "small_cnn", "--dataset", "imagefolder"], "needs a folder"),
-    (["--model", "small_cnn", "--dataset", "fashion-mnist", "--batch", "10001"], "larger than"),
+    pytest.param(["--model", "small_cnn", "--dataset", "fashion-mnist", "--batch", "10001"],
+                 "larger than", marks=pytest.mark.fashion_mnist),
     (["--model", "small_cnn", "--batch", "1"], "at least 2"),
     (["--model", "small_cnn", "--input-std", "0"], "positive"),
 ])
@@ -150,6 +151,7 @@ def test_image_folder_batch_skips_and_reports_unreadable_images(tmp_path, caplog
     assert rows and all(math.isfinite(r.ratio) for r in rows)
 
 
+@pytest.mark.fashion_mnist
 def test_small_model_on_fashion_mnist_gives_finite_ratios_for_every_parameter():
     rows = inspect_tools.inspect_model("small_cnn", "fashion-mnist", None, 8, 0)
     model_parameters = [name for name, _ in

@@ -417,3 +417,55 @@ def test_deepcopy_keeps_options_and_continues_identically():
     twin_opt.step()
     for p, q in zip(params, twin_params, strict=True):
         assert torch.equal(p.detach(), q.detach())
+
+
+LAYOUT_SHAPES = [(10, 10), (8, 5, 5, 5), (25,), (1000,), (64, 3, 7, 7), (120_001,),
+                 (256, 128, 3, 3), (7,), (333, 301)]
+
+
+def odd_offset_views(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of ``tensors`` as views into one flat buffer, each at an offset that is not a
+    multiple of 16 values (as DDP's gradient_as_bucket_view buckets place gradients)."""
+    gaps = [1, 3, 5, 7, 9, 11, 13]
+    total = sum(t.numel() for t in tensors) + 32 * len(tensors)
+    flat = torch.full((total,), float("nan"), dtype=tensors[0].dtype)
+    views, offset = [], 0
+    for i, t in enumerate(tensors):
+        offset += -offset % 16 + gaps[i % len(gaps)]  # the next multiple of 16, then odd
+        views.append(flat[offset:offset + t.numel()].view(t.shape).copy_(t))
+        offset += t.numel()
+    return views
+
+
+def layout_run(fresh: bool, steps: int = 3, dtype: torch.dtype = torch.float32):
+    """LARS with BN/bias-style exclusion over LAYOUT_SHAPES: weights and gradients either freshly
+    allocated or views into flat buffers at odd offsets; the same values either way."""
+    gen = torch.Generator().manual_seed(5)
+    values = [torch.randn(s, generator=gen, dtype=dtype) for s in LAYOUT_SHAPES]
+    weights = values if fresh else odd_offset_views(values)
+    params = [nn.Parameter(w) for w in weights]
+    opt = LARS([{"params": [p for p in params if p.ndim > 1]},
+                {"params": [p for p in params if p.ndim <= 1], "lars": False,
+                 "weight_decay": 0.0}], lr=2.0, trust_coefficient=0.02, weight_decay=5e-4)
+    ratios = []
+    for step in range(steps):
+        grads = [torch.randn(s, generator=gen, dtype=dtype) * (1 + step) for s in LAYOUT_SHAPES]
+        for p, g in zip(params, grads if fresh else odd_offset_views(grads), strict=True):
+            p.grad = g
+        opt.step()
+        ratios.append(opt.trust_ratios())
+    return params, opt, ratios
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_step_is_the_same_bits_whatever_the_memory_alignment(dtype):
+    """A pure function of the values: DDP bucket views at odd offsets give fresh tensors' bits."""
+    fresh, fresh_opt, fresh_ratios = layout_run(True, dtype=dtype)
+    views, views_opt, views_ratios = layout_run(False, dtype=dtype)
+    assert any(p.storage_offset() % 16 for p in views)
+    for p, q, shape in zip(fresh, views, LAYOUT_SHAPES, strict=True):
+        assert torch.equal(p.detach(), q.detach()), f"weights of shape {shape}"
+        assert torch.equal(fresh_opt.state[p]["momentum_buffer"],
+                           views_opt.state[q]["momentum_buffer"]), f"momentum of shape {shape}"
+    for step, (got, want) in enumerate(zip(views_ratios, fresh_ratios, strict=True)):
+        assert torch.equal(got, want), f"trust ratios at step {step}: {got - want}"

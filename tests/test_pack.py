@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +195,89 @@ def test_packed_jpeg_training_crops_take_the_tensor_decode_route(
     # every stored image is a 3-component JPEG (packing converts to RGB) and every training
     # box lies on whole pixels
     assert len(calls) == len(dataset)
+
+
+def rewrite_index(folder: Path, change) -> None:
+    """Rewrite ``folder``'s index.npz with ``change(arrays)`` applied to its arrays."""
+    with np.load(folder / "index.npz", allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    change(arrays)
+    with open(folder / "index.npz", "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def set_meta(arrays: dict, **values) -> None:
+    arrays["meta"] = np.array(json.dumps({**json.loads(str(arrays["meta"])), **values}))
+
+
+@pytest.fixture
+def small_pack(tmp_path: Path) -> Path:
+    info = make_image_folder(tmp_path / "src", per_class=2, val_per_class=1, broken=False)
+    pack_imagefolder(info.root, tmp_path / "out", workers=1, encoding="raw")
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda index: index.write_bytes(index.read_bytes()[:200]), r"cannot read .*index.npz \("),
+    (lambda index: index.write_bytes(b""), r"cannot read .*index.npz \("),
+    (lambda index: rewrite_index(index.parent, lambda a: a.pop("label")), "lacks label"),
+    (lambda index: rewrite_index(index.parent, lambda a: a.pop("meta")), r"\(no metadata\)"),
+    (lambda index: rewrite_index(index.parent, lambda a: a.update(size=a["size"][:-1])),
+     "columns of unequal length"),
+])
+def test_damaged_index_is_a_data_error_naming_the_file(small_pack: Path, damage, words) -> None:
+    index = small_pack / "train" / "index.npz"
+    damage(index)
+    with pytest.raises(DataError, match=words) as caught:
+        PackedImages(small_pack, "train")
+    assert str(index) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_index_without_metadata_keys_is_a_data_error(small_pack: Path) -> None:
+    def drop_shards(arrays):
+        meta = json.loads(str(arrays["meta"]))
+        del meta["shards"]
+        arrays["meta"] = np.array(json.dumps(meta))
+    rewrite_index(small_pack / "train", drop_shards)
+    with pytest.raises(DataError, match="index.npz lacks meta.shards"):
+        PackedImages(small_pack, "train")
+
+
+def test_damaged_index_through_the_cli_is_one_line_and_exit_2(small_pack: Path) -> None:
+    index = small_pack / "val" / "index.npz"
+    index.write_bytes(index.read_bytes()[:100])
+    run = subprocess.run([sys.executable, "-m", "bigbatch", "inspect", "--model", "small_cnn",
+                          "--dataset", "packed", "--data", str(small_pack), "--batch", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"bigbatch: error: cannot read {index} (File is not a zip file); pack the split again"]
+
+
+def test_raw_record_with_a_flipped_byte_fails_its_checksum(small_pack: Path,
+                                                          caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    dataset = PackedImages(small_pack, "train", train=False, image_size=SIZE)
+    shard = small_pack / "train" / f"shard-{int(dataset.index.shard[2]):05d}.bin"
+    middle = int(dataset.index.offset[2] + dataset.index.size[2] // 2)
+    data = bytearray(shard.read_bytes())
+    data[middle] ^= 0x01  # one pixel one level off: decodes fine, wrong all the same
+    shard.write_bytes(bytes(data))
+    skipping = PackedImages(small_pack, "train", train=False, image_size=SIZE)
+    with caplog.at_level(logging.WARNING):
+        batch = skipping.__getitems__([(1, 0), (2, 0), (3, 0)])
+    assert len(batch) == 2 and len(batch.skipped) == 1
+    assert "CRC-32" in caplog.text and str(shard) in caplog.text
+    strict = PackedImages(small_pack, "train", train=False, image_size=SIZE, on_broken="error")
+    with pytest.raises(DataError, match=f"{re.escape(str(shard))} fails its CRC-32 check"):
+        strict.__getitems__([(2, 0)])
+    assert len(strict.__getitems__([(1, 0), (3, 0)])) == 2  # the others still check out
+
+
+def test_format_1_packs_are_read_without_checksums(small_pack: Path) -> None:
+    def as_format_1(arrays):
+        arrays.pop("crc32")
+        set_meta(arrays, version=1)
+    rewrite_index(small_pack / "train", as_format_1)
+    dataset = PackedImages(small_pack, "train", train=False, image_size=SIZE)
+    assert dataset.index.crc32 is None and len(dataset.__getitems__([(0, 0), (1, 0)])) == 2

@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 from launch import (
-    FASHION_MNIST,
     TINY,
     final_state,
     max_relative_difference,
@@ -23,7 +22,7 @@ from bigbatch import checkpoint
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist"),
+    pytest.mark.fashion_mnist,
 ]
 
 # 4 global steps per epoch, 2 epochs: checkpoints every 3 steps and at epoch ends.

@@ -13,6 +13,7 @@ import pytest
 from bigbatch import build
 from bigbatch.commands import sweep as sweep_command
 from bigbatch.commands.sweep import parse_int_list
+from bigbatch.config import resolve_config
 from bigbatch.errors import ConfigError
 from bigbatch.tools.sweep import records, runner, search
 from bigbatch.tools.sweep.records import CSV_COLUMNS, PointResult, markdown_table
@@ -295,8 +296,13 @@ def test_real_sweep_writes_one_row_per_run_with_the_exact_columns(tiny_sweep):
     assert lrs(256, "sgd") == pytest.approx([sgd_centre / 2, sgd_centre, sgd_centre * 2], rel=1e-5)
     assert lrs(256, "lars") == pytest.approx([lars_centre / 2, lars_centre, lars_centre * 2],
                                              rel=1e-5)
-    for row in rows:
-        assert 0.0 <= float(row["top1"]) <= 100.0 and float(row["wall_seconds"]) > 0
+    for row in rows:  # each row is its run's own summary, not a default or a neighbour's
+        name = records.run_name(int(row["batch"]), row["optimizer"], float(row["lr"]))
+        result = json.loads((tiny_sweep / "runs" / name / "summary.json").read_text())
+        assert float(row["top1"]) == pytest.approx(result["top1"], abs=1e-9)
+        assert float(row["wall_seconds"]) == pytest.approx(result["wall_seconds"], rel=1e-6)
+        assert result["global_batch"] == int(row["batch"])
+        assert result["optimizer"] == row["optimizer"]
 
 
 def test_real_sweep_table_reports_the_best_lr_of_each_point(tiny_sweep):
@@ -348,3 +354,20 @@ def test_real_sweep_refuses_other_settings_in_the_same_folder(tiny_sweep):
     args = parser_with_sweep().parse_args(tiny_args(tiny_sweep, "--set", "seed=5"))
     with pytest.raises(ConfigError, match="other settings"):
         args.handler(args)
+
+
+def test_torchrun_path_trains_on_two_processes_like_one(tmp_path):
+    """--torchrun N: the run goes through torchrun (its log, world size 2) and gives the
+    single-process result (the same global batch; docs/DISTRIBUTED.md)."""
+    overrides = [*TINY_OVERRIDES, "global_batch=128", "micro_batch=64", "epochs=1",
+                 "schedule.warmup_epochs=0.5", "optim.name=sgd", "optim.lr=0.1",
+                 "precision=fp32", "channels_last=false"]
+    summaries = {}
+    for processes in (None, 2):
+        cfg = resolve_config(None, None, [*overrides, f"out={tmp_path / str(processes)}"])
+        summaries[processes] = runner.execute_run(cfg, Path(cfg.out), processes)
+    assert (tmp_path / "2" / "torchrun.log").is_file()
+    assert not (tmp_path / "None" / "torchrun.log").exists()
+    assert summaries[2]["world_size"] == 2 and summaries[None]["world_size"] == 1
+    assert summaries[2]["diverged"] is False and summaries[2]["steps"] == 4
+    assert summaries[2]["top1"] == pytest.approx(summaries[None]["top1"], abs=0.5)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from imagegen import make_image_folder
-from launch import FASHION_MNIST, TINY, run_bigbatch, summary
+from launch import TINY, run_bigbatch, summary
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,7 @@ def test_image_folder_error_mode_names_the_file(tmp_path):
     assert any(str(p) in last for p in info.train_broken)
 
 
-@pytest.mark.skipif(not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist")
+@pytest.mark.fashion_mnist
 def test_train_then_eval_gives_the_same_accuracy(tmp_path):
     out = tmp_path / "run"
     run_bigbatch(["train", *TINY, "--out", str(out)])

@@ -44,6 +44,8 @@ def datasets_for(cfg: RunConfig, uint8_train: bool = False):
         synthetic_classes=cfg.data.synthetic_classes,
         fast_decode=cfg.data.fast_decode,
         normalize=not uint8_train,
+        val_path=cfg.data.val_path,
+        num_classes=cfg.data.num_classes,
     )
     if uint8_train and hasattr(val, "normalize"):
         val.normalize = True

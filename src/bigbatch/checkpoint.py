@@ -6,6 +6,13 @@ flushed and fsynced, then renamed into place, and the folder is fsynced; a crash
 leaves either the old set of checkpoints or the old set plus the new one, never a torn file
 under a checkpoint's name. Truncation or corruption is caught by the length and hash before
 unpickling.
+
+Loading never runs code from the file. A pickle names the callables that rebuild its objects,
+and an unrestricted unpickler calls them, so a checkpoint or weights file from someone else (or
+from a shared folder) could run anything; the SHA-256 proves the file is intact, not who wrote
+it. Every file is read with ``torch.load(weights_only=True)``, which rebuilds only tensors and
+plain containers, numbers and strings: what bigbatch writes (state dicts, the optimizer state and
+the config as a plain dict) and nothing else.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import io
 import logging
 import os
+import pickle
 import re
 import struct
 from pathlib import Path
@@ -55,7 +63,59 @@ def decode(blob: bytes, source: str) -> dict[str, Any]:
         )
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {source} is corrupt (checksum mismatch)")
-    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    return read_state(io.BytesIO(payload), f"checkpoint {source}")
+
+
+def read_state(file: Any, source: str) -> Any:
+    """Unpickle tensors and plain data only; a file that asks for anything else is refused."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"refused to load {source}: {_refused_global(error)}; bigbatch loads only tensors "
+            "and plain data (all it ever writes)"
+        ) from None
+    except Exception as error:  # a damaged zip or pickle surfaces as many exception types
+        raise CheckpointError(f"cannot read {source}: {_first_line(error)}") from None
+
+
+def _refused_global(error: Exception) -> str:
+    """What the unpickler would have had to import or call, from torch's long message."""
+    match = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return f"it would import {match.group(1)}" if match else _first_line(error)
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any], source: str) -> None:
+    """Load a state dict that must fit ``model`` exactly, or say which tensors do not."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source} holds no model weights (a {type(state).__name__})")
+    expected = model.state_dict()
+    problems = [f"missing {key}" for key in expected if key not in state]
+    problems += [f"unexpected {key}" for key in state if key not in expected]
+    problems += [
+        f"{key} has shape {tuple(state[key].shape)}, the model {tuple(value.shape)}"
+        for key, value in expected.items()
+        if key in state and getattr(state[key], "shape", None) != value.shape
+    ]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(f"{source} does not fit this model: {'; '.join(problems[:3])}{more}")
+    model.load_state_dict(state)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str) -> None:
+    """Load optimizer state, or say in one line that it belongs to another set of parameters."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(
+            f"{source}: its optimizer state does not fit this run ({_first_line(error)})"
+        ) from None
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -102,12 +162,12 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def load_latest_valid(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies, falling back past damaged ones (and saying so)."""
+    """The newest checkpoint that loads, falling back past damaged or refused ones (saying so)."""
     for path in reversed(list_checkpoints(folder)):
         try:
             return path, load(path)
         except CheckpointError as error:
-            log.warning("skipping damaged checkpoint: %s; trying the previous one", error)
+            log.warning("skipping unusable checkpoint: %s; trying the previous one", error)
     return None
 
 

@@ -34,6 +34,8 @@ class DataConfig:
     normalize_on_device: bool = True
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000
+    val_path: str | None = None  # webdataset validation shards; None: val-*.tar beside train-*.tar
+    num_classes: int | None = None  # webdataset labels 0..N-1; None: largest training label + 1
 
 
 @dataclass
@@ -291,7 +293,9 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"--train-subset {cfg.data.train_subset} is smaller than the global batch "
             f"{cfg.global_batch}; use at least {cfg.global_batch} examples or a smaller batch"
         )
-    if cfg.data.name in ("imagefolder", "packed") and not cfg.data.path:
+    if cfg.data.num_classes is not None:
+        _check_positive("data.num_classes", cfg.data.num_classes)
+    if cfg.data.name in ("imagefolder", "packed", "webdataset") and not cfg.data.path:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")

@@ -16,16 +16,17 @@ from bigbatch.evaluate import evaluate
 
 
 def load_weights_file(path: str) -> dict[str, Any]:
-    """A final.pt (plain torch.save) or a verified checkpoint: a dict with model and config."""
+    """A final.pt (plain torch.save) or a verified checkpoint: a dict with model and config.
+
+    Either is read with weights_only=True (checkpoint.read_state): a file that would run code
+    while loading is refused.
+    """
     file = Path(path)
     if not file.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
     if file.read_bytes()[: len(checkpoint.MAGIC)] == checkpoint.MAGIC:
         return checkpoint.load(file)
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=False)
-    except Exception as error:  # a damaged zip or pickle surfaces as many exception types
-        raise CheckpointError(f"cannot read weights file {path}: {error}") from None
+    state = checkpoint.read_state(file, f"weights file {path}")
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path} holds no bigbatch weights (expected keys 'model', 'config')")
     return state
@@ -42,6 +43,6 @@ def evaluate_weights(
     validate(cfg)
     train_set, val_set = datasets_for(cfg)
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
-    model.load_state_dict(state["model"])
+    checkpoint.load_model_state(model, state["model"], f"weights file {path}")
     ctx = DistContext(0, 1, 0, None, torch.device("cpu"))
     return evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)

@@ -27,6 +27,13 @@ def add_commands(commands) -> None:
         help="jpeg: re-encoded (small files); raw: uint8 pixels (fastest reads)",
     )
     pack.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    pack.add_argument(
+        "--format",
+        choices=("packed", "webdataset"),
+        default="packed",
+        help="packed: bigbatch shards (--dataset packed); webdataset: DST/{train,val}-NNNN.tar "
+        "of reduced-size JPEGs (--dataset webdataset)",
+    )
     pack.add_argument("--workers", type=int, default=None, help="decoding processes")
     pack.add_argument("--overwrite", action="store_true", help="replace splits packed before")
     pack.set_defaults(handler=run_data_pack)
@@ -39,16 +46,14 @@ def run_data_pack(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from bigbatch.data.pack import pack_imagefolder
+    from bigbatch.data.webdataset_write import write_webdataset
 
-    summary = pack_imagefolder(
-        args.src,
-        args.dst,
-        short_side=args.short_side,
-        encoding=args.encoding,
-        quality=args.quality,
-        workers=args.workers,
-        overwrite=args.overwrite,
-    )
+    common = dict(short_side=args.short_side, quality=args.quality, workers=args.workers,
+                  overwrite=args.overwrite)
+    if args.format == "webdataset":
+        summary = write_webdataset(args.src, args.dst, **common)
+    else:
+        summary = pack_imagefolder(args.src, args.dst, encoding=args.encoding, **common)
     print(json.dumps(asdict(summary), default=str))
     return 0
 

@@ -12,7 +12,11 @@ from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED
 # Command-line flags that map straight onto config keys.
 TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     "data": ("data.path", str, "data folder (Fashion-MNIST IDX files or an ImageNet-style tree)"),
-    "dataset": ("data.name", str, "data set: fashion-mnist, imagefolder, synthetic, packed"),
+    "dataset": (
+        "data.name",
+        str,
+        "data set: fashion-mnist, imagefolder, synthetic, packed, webdataset",
+    ),
     "out": ("out", str, "run directory (config, metrics, checkpoints, summary, weights)"),
     "model": ("model.name", str, "model name (see `bigbatch models`)"),
     "optimizer": ("optim.name", str, "lars or sgd"),

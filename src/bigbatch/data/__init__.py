@@ -19,10 +19,10 @@ from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
 from bigbatch.data.synthetic import SyntheticImages
 from bigbatch.data.transforms import eval_resize_size
+from bigbatch.data.webdataset import WebDatasetImages, split_shards
 from bigbatch.errors import ConfigError, DataError
 
-DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic")
-
+DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic", "webdataset")
 DEFAULT_IMAGE_SIZE = 224
 
 
@@ -30,14 +30,16 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
                    train_subset: int | None = None, on_broken: str = "skip",
                    synthetic_examples: int = 10000, synthetic_classes: int = 1000,
                    in_channels: int = 3, fast_decode: bool = True,
-                   normalize: bool = True) -> tuple[Dataset, Dataset]:
+                   normalize: bool = True, val_path: str | None = None,
+                   num_classes: int | None = None) -> tuple[Dataset, Dataset]:
     """(training set with augmentation, validation set without) for data set ``name``.
 
     Args:
-        name: one of "fashion-mnist", "imagefolder", "packed", "synthetic".
+        name: one of DATASETS.
         path: data folder (required for imagefolder and packed, the latter written by
             bigbatch.data.pack.pack_imagefolder; optional for fashion-mnist, see
-            locate_fashion_mnist; ignored for synthetic).
+            locate_fashion_mnist; ignored for synthetic); for webdataset the training shards
+            (a brace pattern, a folder of shards or a list file, see webdataset.shard_paths).
         seed: run seed for augmentation.
         image_size: output side; default 224 (imagefolder, synthetic); Fashion-MNIST is 28.
         train_subset: use only this many training examples (default all).
@@ -45,8 +47,10 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
         synthetic_examples / synthetic_classes / in_channels: shape of the synthetic set; its
             validation set has a tenth as many examples.
         fast_decode: JPEG draft-mode decoding (imagefolder, packed).
-        normalize: False makes imagefolder and packed return uint8 images, to be normalised
-            on the device with bigbatch.data.transforms.normalize_images (faster loading).
+        normalize: False makes imagefolder, packed and webdataset return uint8 images, to be
+            normalised on the device with bigbatch.data.transforms.normalize_images.
+        val_path / num_classes: webdataset's validation shards (default: a folder's val-*.tar)
+            and number of classes (default: the largest training label + 1).
     """
     if on_broken not in ON_BROKEN:
         raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
@@ -57,6 +61,9 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
                             normalize)
     if name == "packed":
         return _packed(path, seed, image_size, train_subset, on_broken, fast_decode, normalize)
+    if name == "webdataset":
+        return _webdataset(path, val_path, seed, image_size, train_subset, num_classes,
+                           on_broken, fast_decode, normalize)
     if name == "synthetic":
         return _synthetic(seed, image_size, train_subset, synthetic_examples, synthetic_classes,
                           in_channels)
@@ -103,6 +110,21 @@ def _packed(path: str | None, seed: int, image_size: int | None, train_subset: i
     return train, val
 
 
+def _webdataset(path: str | None, val_path: str | None, seed: int, image_size: int | None,
+                train_subset: int | None, num_classes: int | None, on_broken: str,
+                fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
+    if path is None:
+        raise ConfigError("the webdataset data set needs shards; pass --data "
+                          "'PATH/train-{0000..0099}.tar', a folder of shards or a list file")
+    train_shards, val_shards = split_shards(path, val_path)
+    common = dict(seed=seed, image_size=image_size or DEFAULT_IMAGE_SIZE, on_broken=on_broken,
+                  fast_decode=fast_decode, normalize=normalize)
+    train = WebDatasetImages(train_shards, train=True, subset=train_subset,
+                             num_classes=num_classes, **common)
+    val = WebDatasetImages(val_shards, train=False, num_classes=train.num_classes, **common)
+    return train, val
+
+
 def _synthetic(seed: int, image_size: int | None, train_subset: int | None, examples: int,
                classes: int, in_channels: int) -> tuple[Dataset, Dataset]:
     size = image_size or DEFAULT_IMAGE_SIZE
@@ -122,6 +144,7 @@ __all__ = [
     "PackedImages",
     "SyntheticImages",
     "TrainBatches",
+    "WebDatasetImages",
     "build_datasets",
     "default_workers",
     "eval_batches",

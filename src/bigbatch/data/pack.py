@@ -16,8 +16,16 @@ ImageFolderData: crops are drawn from example_generator(seed, epoch, index) on t
 upsampled from fewer pixels, the usual price of pre-resizing).
 
 Layout: ``dst/<split>/shard-00000.bin ...`` plus ``dst/<split>/index.npz`` (per-image shard,
-offset, size, height, width, label, source path; JSON metadata with class names and format).
-Each split is built in a temporary folder and renamed into place when complete.
+offset, size, height, width, label, CRC-32 of the record, source path; JSON metadata with class
+names and format). Each split is built in a temporary folder and renamed into place when complete.
+
+Damage is caught on read: an index that is not a readable .npz, lacks a column or has columns of
+unequal length, or a shard shorter than its records, is a DataError naming the file; a record
+whose CRC-32 differs from the index's (a flipped or zeroed byte in a shard) is an unreadable image,
+skipped or an error as ``on_broken`` says. JPEG decoding would miss most such damage (the decoder
+draws whatever the bytes say) and raw pixels have no structure to check at all; CRC-32 costs
+about 0.1 ms for a 256x341 raw record, a tenth of its crop (format 1 packs, written before the
+checksums, are still read, unchecked).
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import logging
 import multiprocessing
 import os
 import shutil
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +63,10 @@ from bigbatch.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-record CRC-32 (format 1 is read, without the check)
+READABLE_VERSIONS = (1, 2)
+COLUMNS = ("shard", "offset", "size", "height", "width", "label")
+META_KEYS = ("version", "encoding", "classes", "shards")
 ENCODINGS = ("jpeg", "raw")
 INDEX_NAME = "index.npz"
 DEFAULT_SHARD_BYTES = 1 << 30
@@ -170,8 +183,7 @@ def pack_split(source: Path, split: str, target: Path, class_names: list[str] | 
     paths = [os.path.join(split_dir, os.fsdecode(name)) for name in files]
     tasks = [(path, short_side, encoding, quality) for path in paths]
     writer = ShardWriter(target, shard_bytes)
-    columns: dict[str, list[int]] = {k: [] for k in ("shard", "offset", "size", "height",
-                                                      "width", "label")}
+    columns: dict[str, list[int]] = {k: [] for k in (*COLUMNS, "crc32")}
     kept: list[bytes] = []
     skipped: list[str] = []
     try:
@@ -185,7 +197,7 @@ def pack_split(source: Path, split: str, target: Path, class_names: list[str] | 
                 continue
             shard, offset = writer.write(data)
             for name, value in zip(columns, (shard, offset, len(data), height, width,
-                                             int(labels[k])), strict=True):
+                                             int(labels[k]), zlib.crc32(data)), strict=True):
                 columns[name].append(value)
             kept.append(files[k])
     finally:
@@ -285,21 +297,18 @@ class PackedIndex:
     label: np.ndarray
     source: np.ndarray
     meta: dict
+    crc32: np.ndarray | None = None  # None: a format 1 pack, records unchecked
 
 
 def read_index(folder: Path) -> PackedIndex:
-    """Load and check a split's index: format version, and shards long enough for it."""
+    """Load and check a split's index: readable, complete, a known format, and shards long
+    enough for it. Anything else is a DataError naming the file."""
     path = folder / INDEX_NAME
     if not path.is_file():
         raise DataError(f"no {INDEX_NAME} in {folder}; pack the image folder first "
                         "(bigbatch.data.pack.pack_imagefolder)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-        meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError) as error:
-        raise DataError(f"cannot read {path}: {error}; pack the split again") from error
-    if meta.get("version") != FORMAT_VERSION or meta.get("encoding") not in ENCODINGS:
+    arrays, meta = load_index_file(path)
+    if meta.get("version") not in READABLE_VERSIONS or meta.get("encoding") not in ENCODINGS:
         raise DataError(f"{path} is packed format {meta.get('version')} "
                         f"({meta.get('encoding')}); this version reads format {FORMAT_VERSION}; "
                         "pack the split again")
@@ -313,6 +322,28 @@ def read_index(folder: Path) -> PackedIndex:
             raise DataError(f"{shard_path} is missing or truncated ({max(have, 0)} of {needed} "
                             "bytes); pack the split again")
     return index
+
+
+def load_index_file(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The columns and metadata of an index file, every one present and of one length."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        reason = "no metadata" if isinstance(error, KeyError) else f"{error}".splitlines()[0]
+        raise DataError(f"cannot read {path} ({reason}); pack the split again") from None
+    expected = (*COLUMNS, "source") + (("crc32",) if meta.get("version", 0) >= 2 else ())
+    missing = [name for name in expected if name not in arrays]
+    missing += [f"meta.{key}" for key in META_KEYS if key not in meta]
+    if missing:
+        raise DataError(f"{path} lacks {', '.join(missing)}; pack the split again")
+    unknown = sorted(set(arrays) - set(expected))
+    lengths = {len(arrays[name]) for name in expected}
+    if unknown or len(lengths) != 1:
+        raise DataError(f"{path} is damaged (columns of unequal length or unknown columns "
+                        f"{', '.join(unknown) or 'none'}); pack the split again")
+    return arrays, meta
 
 
 def shard_file(folder: Path, shard: int) -> Path:
@@ -387,7 +418,12 @@ class PackedImages(Dataset):
             mapped = np.memmap(shard_file(self.index.folder, shard), dtype=np.uint8, mode="r")
             self._maps[shard] = mapped
         offset = int(self.index.offset[row])
-        return mapped[offset:offset + int(self.index.size[row])]
+        data = mapped[offset:offset + int(self.index.size[row])]
+        expected = self.index.crc32
+        if expected is not None and zlib.crc32(data) != int(expected[row]):
+            raise ValueError(f"record at byte {offset} of {shard_file(self.index.folder, shard)} "
+                             "fails its CRC-32 check (the shard is damaged)")
+        return data
 
     def load_image(self, index: int, epoch: int) -> torch.Tensor:
         """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""

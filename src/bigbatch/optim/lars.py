@@ -279,18 +279,12 @@ def _bucket_update(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]
 def _norms(tensors: list[Tensor]) -> Tensor:
     """1-D tensor of the L2 norms, in float32 or wider (half-precision norms would make λ coarse).
 
-    On CPU, ``torch.dot(t, t)`` of a contiguous float32/float64 tensor runs about twice as fast as
-    ``torch.linalg.vector_norm`` (a vectorised BLAS kernel instead of a single-threaded cascade
-    reduction), and the norms are half of LARS's in-cache work. Elsewhere, and under
-    ``torch.compile`` (which fuses the reductions itself), ``_foreach_norm`` is best.
+    ``_foreach_norm`` gives the same bits for the same values wherever they lie in memory; CPU
+    BLAS ``dot`` does not (its vector loop starts at the first aligned address, so a view at a
+    DDP bucket offset sums in another order than a fresh copy of the same values).
     """
     dtype = torch.promote_types(tensors[0].dtype, torch.float32)
-    if (tensors[0].device.type != "cpu" or tensors[0].dtype not in (torch.float32, torch.float64)
-            or torch.compiler.is_compiling()):
-        return torch.stack(torch._foreach_norm(tensors)).to(dtype)
-    squares = [torch.dot(t.view(-1), t.view(-1)) if t.is_contiguous()
-               else torch.linalg.vector_norm(t).square() for t in tensors]
-    return torch.stack(squares).sqrt_()
+    return torch.stack(torch._foreach_norm(tensors)).to(dtype)
 
 
 def _sgd_update(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], lr: float,

@@ -5,7 +5,9 @@
 - ``crash``: the process exits with code 13 at the start of global step N;
 - ``sigkill``: the process kills itself with SIGKILL at the start of global step N;
 - ``nan``: the logits, and so the loss and the gradients, of global step N are made NaN;
-- ``kill-in-checkpoint``: SIGKILL in the middle of writing the first checkpoint after step N.
+- ``kill-in-checkpoint``: SIGKILL in the middle of writing the first checkpoint after step N;
+- ``clock-skew``: at global step N this rank's clock reads an hour ahead when it votes for a
+  time-based checkpoint (ranks' clocks disagreeing, as they do on real machines).
 
 Under torchrun the fault fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so
 that an elastic restart can show recovery. Without the variable the hook is :class:`NoFaults`,
@@ -19,6 +21,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,8 +29,12 @@ from torch import nn
 from bigbatch import checkpoint
 from bigbatch.errors import ConfigError
 
-KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint")
+if TYPE_CHECKING:
+    from bigbatch.train.resume import CheckpointClock
+
+KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint", "clock-skew")
 CRASH_EXIT_CODE = 13
+CLOCK_SKEW_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
 class NoFaults:
     """The hook of a normal run: every method does nothing."""
 
-    def begin_step(self, step: int, model: nn.Module) -> None:
+    def begin_step(self, step: int, model: nn.Module, clock: CheckpointClock) -> None:
         """Called once at the start of every global step."""
 
     def write_checkpoint(self, folder: Path, step: int, state: dict, keep: int) -> None:
@@ -77,7 +84,7 @@ class FaultInjector(NoFaults):
         self.rank = rank
         self._poison: torch.utils.hooks.RemovableHandle | None = None
 
-    def begin_step(self, step: int, model: nn.Module) -> None:
+    def begin_step(self, step: int, model: nn.Module, clock: CheckpointClock) -> None:
         if self._poison is not None:
             self._poison.remove()
             self._poison = None
@@ -87,6 +94,8 @@ class FaultInjector(NoFaults):
             os._exit(CRASH_EXIT_CODE)
         if self.fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault.kind == "clock-skew":  # this rank's clock says the last save is an hour old
+            clock.last_saved -= CLOCK_SKEW_SECONDS
         if self.fault.kind == "nan":  # every training forward of this step returns NaN logits
             self._poison = model.register_forward_hook(
                 lambda module, inputs, out: out * math.nan if module.training else out)

@@ -105,8 +105,8 @@ def restore(cfg: RunConfig, ctx: DistContext, run_dir: Path, model: nn.Module,
     else:
         path, state = Path(resume), checkpoint.load(Path(resume))
     check_resumable(cfg, state, path)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    checkpoint.load_model_state(model, state["model"], f"checkpoint {path}")
+    checkpoint.load_optimizer_state(optimizer, state["optimizer"], f"checkpoint {path}")
     if ctx.is_main:
         truncate_after_step(run_dir / "metrics.jsonl", state["step"])
         log.info("resumed from %s at global step %d", path, state["step"])

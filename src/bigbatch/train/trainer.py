@@ -163,7 +163,7 @@ class Trainer:
         """One global step: A micro-batches forward and backward, one all-reduce, one update."""
         started = time.perf_counter()
         epoch, step_in_epoch = divmod(step, self.geometry.steps_per_epoch)
-        self.faults.begin_step(step, self.model)
+        self.faults.begin_step(step, self.model, self.checkpoints)
         lr = self.schedule.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
