@@ -270,8 +270,8 @@ def collect(dataset, plan: GlobalBatchPlan, epochs: int, start: tuple[int, int] 
             workers: int = 0) -> dict[tuple[int, int, int], torch.Tensor]:
     """{(epoch, step, micro-batch j): images} loaded for one rank through its DataLoader."""
     batches = TrainBatches(plan, start[0], start[1], epochs)
-    order = [(epoch, step, a * plan.world_size + plan.rank) for epoch, step in batches.steps()
-             for a in range(plan.accumulation_steps)]
+    order = [(epoch, step, plan.geometry.micro_index(a, plan.rank))
+             for epoch, step in batches.steps() for a in range(plan.accumulation_steps)]
     loader = make_loader(dataset, batches, workers)
     return {slot: batch.images for slot, batch in zip(order, loader, strict=True)}
 
