@@ -11,9 +11,10 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from bigbatch.data.base import ON_BROKEN
 from bigbatch.data.batch import Batch
 from bigbatch.data.fashion_mnist import FashionMNIST, locate_fashion_mnist
-from bigbatch.data.imagefolder import ON_BROKEN, ImageFolderData
+from bigbatch.data.imagefolder import ImageFolderData
 from bigbatch.data.loader import default_workers, make_loader
 from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard

@@ -22,7 +22,6 @@ epoch, index).
 from __future__ import annotations
 
 import io
-import os
 import struct
 import warnings
 from dataclasses import dataclass
@@ -131,15 +130,6 @@ def turbo_crop(data: bytes, frame: JpegFrame, box: Box, out_size: int) -> torch.
     if tuple(image.shape) != (3, frame.height, frame.width):
         raise RuntimeError(f"decoded {tuple(image.shape)}, the frame header says {frame}")
     return resize_box(image, box, out_size)
-
-
-def decode_crop_planes(
-    path: str | os.PathLike, box_for_size: BoxForSize, out_size: int, fast_decode: bool, flip: bool
-) -> torch.Tensor:
-    """``crop_planes`` of the image file at ``path``."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    return crop_planes(data, box_for_size, out_size, fast_decode, flip)
 
 
 def crop_planes(

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.base import BrokenExample, IndexedImages, MappedFiles
-from bigbatch.data.imagefolder import IMAGE_EXTENSIONS, strided_subset
+from bigbatch.data.base import BrokenExample, IndexedImages, MappedFiles, strided_subset
+from bigbatch.data.imagefolder import IMAGE_EXTENSIONS
 from bigbatch.data.pack import write_index
 from bigbatch.errors import DataError
 
