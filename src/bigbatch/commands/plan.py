@@ -22,6 +22,16 @@ def add_commands(commands) -> argparse.ArgumentParser:
         description="Scaling planner: compute + alpha-beta all-reduce model (see "
         "docs/results/scaling_planner.md).",
     )
+    add_workload_options(command)
+    add_device_options(command)
+    add_network_options(command)
+    add_report_options(command)
+    command.set_defaults(handler=run_plan)
+    return command
+
+
+def add_workload_options(command: argparse.ArgumentParser) -> None:
+    """What is trained: model, data set size, epochs, global batch."""
     command.add_argument("--model", default="resnet50", help="registered model (default resnet50)")
     command.add_argument("--params", type=int, help="parameter count (instead of the registry's)")
     command.add_argument("--flops", type=float, help="forward FLOPs per image (2 x MACs)")
@@ -41,6 +51,10 @@ def add_commands(commands) -> argparse.ArgumentParser:
         default=32768,
         help="global batch B (default 32768)",
     )
+
+
+def add_device_options(command: argparse.ArgumentParser) -> None:
+    """How fast one device trains: a preset, a figure, or a measurement here."""
     command.add_argument("--devices", type=int, help="device count for the detailed breakdown")
     command.add_argument("--preset", help=f"hardware preset: {', '.join(PRESETS)}")
     command.add_argument(
@@ -52,6 +66,16 @@ def add_commands(commands) -> argparse.ArgumentParser:
         "--measure", action="store_true", help="measure images/s of one process on this machine"
     )
     command.add_argument("--measure-batch", type=int, default=32, help="batch for --measure")
+    command.add_argument(
+        "--ideal-device",
+        action="store_true",
+        help="use the preset's throughput figure as it is, without its "
+        "multi-node losses (small per-device batch, cores for MLSL)",
+    )
+
+
+def add_network_options(command: argparse.ArgumentParser) -> None:
+    """The network's cost model: alpha-beta by hand, from a preset or from a measurement."""
     command.add_argument("--alpha", type=float, help="latency per message, seconds")
     command.add_argument("--beta", type=float, help="seconds per byte of one link")
     command.add_argument("--bandwidth-gbit", type=float, help="link bandwidth (sets beta)")
@@ -70,6 +94,10 @@ def add_commands(commands) -> argparse.ArgumentParser:
         default="fp32",
         help="gradient precision on the wire (default fp32)",
     )
+
+
+def add_report_options(command: argparse.ArgumentParser) -> None:
+    """What is printed: the scaling table, a target time, the paper's runs, presets, JSON."""
     command.add_argument(
         "--table-max",
         type=int,
@@ -86,20 +114,12 @@ def add_commands(commands) -> argparse.ArgumentParser:
         help="search limit for --target-minutes (default 65536)",
     )
     command.add_argument(
-        "--ideal-device",
-        action="store_true",
-        help="use the preset's throughput figure as it is, without its "
-        "multi-node losses (small per-device batch, cores for MLSL)",
-    )
-    command.add_argument(
         "--paper",
         action="store_true",
         help="the paper's configurations next to their reported times",
     )
     command.add_argument("--list-presets", action="store_true", help="list hardware presets")
     command.add_argument("--json", action="store_true", help="print JSON instead of text")
-    command.set_defaults(handler=run_plan)
-    return command
 
 
 def run_plan(args: argparse.Namespace) -> int:
