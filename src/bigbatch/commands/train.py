@@ -97,10 +97,11 @@ def values_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_train(args: argparse.Namespace) -> int:
     from bigbatch.config import resolve_config
-    from bigbatch.distributed import init_distributed, shutdown
-    from bigbatch.train import NonFiniteLoss, Preempted, train
 
     cfg = resolve_config(args.recipe, args.config, args.overrides, values_from_flags(args))
+    from bigbatch.distributed import init_distributed, shutdown  # torch: once the config is valid
+    from bigbatch.train import NonFiniteLoss, Preempted, train
+
     ctx = init_distributed(cfg.backend)
     try:
         summary = train(cfg, ctx)
