@@ -3,7 +3,7 @@
 SLURM sends SIGUSR1 (with ``--signal=USR1@120``) or SIGTERM before it preempts or times out a job.
 The handler only sets a flag; the training loop reduces it over ranks with the step's other
 statistics, so every rank stops after the same step, writes a checkpoint and exits with
-``PREEMPTED_EXIT_CODE`` (75, EX_TEMPFAIL: try again), which a requeued job resumes from.
+``errors.EXIT_PREEMPTED`` (75, EX_TEMPFAIL: try again), which a requeued job resumes from.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-PREEMPTED_EXIT_CODE = 75
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bigbatch.errors import UserError
+from bigbatch.errors import EXIT_NONFINITE, UserError
 from bigbatch.tools.sweep.records import (
     PLAN_FILE,
     PointResult,
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 
 
-EXIT_NONFINITE = 3  # the CLI's exit code for a run stopped on a non-finite loss
 
 
 class SweepRunError(UserError):
