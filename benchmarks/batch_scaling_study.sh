@@ -10,7 +10,7 @@
 # BN and bias excluded from LARS and decay), at global batches 128 ... 16384; best top-1 of 5 LRs
 # per point (grid factor 2, extended while the best is at an edge, up to 4 more LRs). The smallest
 # batch is the anchor: larger batches are centred on its best LR scaled by each optimizer's rule
-# (see src/bigbatch/sweep.py). The anchor grids are centred on SGD 0.8 and LARS 5.66 at batch 128,
+# (see src/bigbatch/tools/sweep/). The anchor grids are centred on SGD 0.8 and LARS 5.66 at batch 128,
 # the middle of an exploratory pass (SGD 0.05-3.2, LARS 0.71-22.6, all at batch 128).
 #
 # One training at a time, one torch thread. Resumable: rerun the same command and finished runs

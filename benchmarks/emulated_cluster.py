@@ -6,7 +6,7 @@ For each network shaping (loopback of a fresh network namespace: unshaped, and t
 ``tc ... tbf rate 1gbit`` and ``rate 200mbit``; see benchmarks/netns.py) and each process count
 p (2 and 4, gloo, OMP_NUM_THREADS=1):
 
-1. fit: ``bigbatch.allreduce_bench`` inside the namespace at p processes -> alpha, beta;
+1. fit: ``bigbatch.commands.bench`` inside the namespace at p processes -> alpha, beta;
 2. measure: ``torchrun --nproc-per-node p -m bigbatch train`` inside the namespace, for
    (a) the default recipe (fashion-mnist, small_resnet) on a subset with a smaller global batch,
    (b) ResNet-18 on synthetic 64x64 images; per-step times from metrics.jsonl, the first
