@@ -93,6 +93,8 @@ class RunConfig:
     compile: bool = False
     threads: int | None = None  # intra-op CPU threads; None: PyTorch's default (all cores)
     sync_bn: bool = False
+    # Sums whose order depends on the layout in fixed point: bit-identical runs at any world size
+    exact_reduction: bool = False
     backend: str = "auto"
     on_nonfinite: str = "stop"
     max_skipped_steps: int = 10

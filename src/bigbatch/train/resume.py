@@ -20,7 +20,7 @@ from torch import nn
 
 from bigbatch import checkpoint
 from bigbatch.config import RunConfig
-from bigbatch.distributed import DistContext, average_buffers
+from bigbatch.distributed import DistContext
 from bigbatch.errors import CheckpointError
 from bigbatch.metrics import truncate_after_step
 from bigbatch.testing.faults import NoFaults
@@ -57,8 +57,7 @@ def checkpoint_state(cfg: RunConfig, model: nn.Module, optimizer: torch.optim.Op
 def save_checkpoint(cfg: RunConfig, ctx: DistContext, run_dir: Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer, position: Position,
                     writer: NoFaults) -> None:
-    """A collective: the ranks' BatchNorm statistics are averaged, then rank 0 writes."""
-    average_buffers(model, ctx)
+    """Rank 0 writes (the caller has made the ranks' BatchNorm statistics agree)."""
     if ctx.is_main:
         state = checkpoint_state(cfg, model, optimizer, position)
         writer.write_checkpoint(run_dir / "checkpoints", position.step, state,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 import warnings
@@ -46,12 +45,11 @@ from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches
 from bigbatch.data.seeding import mix64
 from bigbatch.data.transforms import normalize_images
-from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers, barrier
+from bigbatch.distributed import DistContext, barrier
 from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog
 from bigbatch.testing.faults import fault_hook
-from bigbatch.train.bn_stats import PerStepRunningStats
-from bigbatch.train.nonfinite import handle_nonfinite, nonfinite_gradients
+from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
 from bigbatch.train.record import (
     build_summary,
@@ -59,8 +57,9 @@ from bigbatch.train.record import (
     write_final_record,
     write_start_record,
 )
+from bigbatch.train.reduction import reduction_for
 from bigbatch.train.resume import CheckpointClock, restore, save_checkpoint
-from bigbatch.train.timing import CommClock, StepTimer, timed_allreduce_hook
+from bigbatch.train.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +117,10 @@ class Trainer:
 
     def _build_step_parts(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self.comm_clock = CommClock()
-        self.network = wrap_ddp(self.model, ctx, self.comm_clock)
+        self.reduction = reduction_for(cfg.exact_reduction, self.model, self.geometry, ctx)
+        self.network = wrap_ddp(self.model, ctx, *self.reduction.comm_hook())
         self.forward = torch.compile(self.network) if cfg.compile else self.network
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
-        self.bn_stats = PerStepRunningStats(self.model, self.geometry.accumulation_steps)
         self.autocast_dtype = autocast_dtype_for(cfg, ctx.device)
         if cfg.precision == "auto" and ctx.is_main:
             log.info("precision auto: %s", "bf16 autocast" if self.autocast_dtype
@@ -168,32 +166,31 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         timer = StepTimer()
-        self.bn_stats.begin_step()
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        examples = torch.zeros((), device=self.ctx.device)
-        skipped_images = 0
+        self.reduction.begin_step()
+        losses: list[torch.Tensor] = []
+        examples = skipped_images = 0
         for accumulation in range(self.geometry.accumulation_steps):
             batch = self.next_micro_batch(timer)
             skipped_images += report_skipped(batch.skipped, self.ctx)
             micro_index = self.geometry.micro_index(accumulation, self.ctx.rank)
             torch.manual_seed(mix64(self.cfg.seed, epoch, step_in_epoch, micro_index))  # dropout
             last = accumulation == self.geometry.accumulation_steps - 1
-            loss_sum += self.forward_backward(batch, last, timer)
-            self.bn_stats.after_micro_batch()
-            examples += batch.labels.numel()
-        self.bn_stats.end_step()
-        votes = self.reduce_step(loss_sum, examples)
-        total_loss, total_examples, nonfinite, stop_votes, clock_votes = votes
-        mean_loss = total_loss / max(total_examples, 1.0)
-        if nonfinite or not math.isfinite(mean_loss):
-            self.skip_step(step, mean_loss)
+            losses.append(self.forward_backward(batch, last, timer))
+            self.reduction.bn_stats.after_micro_batch()
+            examples += len(batch)
+        self.reduction.bn_stats.end_step()
+        votes = self.reduction.reduce(losses, examples, self.stop.requested,
+                                      self.checkpoints.vote())
+        if votes.nonfinite:
+            self.skip_step(step, votes.mean_loss)
         else:
             timer.start("optimizer")
             self.optimizer.step()
             timer.stop("optimizer")
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(lr, mean_loss, total_examples, skipped_images,
-                          time.perf_counter() - started, timer, stop_votes, clock_votes)
+        return StepResult(lr, votes.mean_loss, votes.examples, skipped_images,
+                          time.perf_counter() - started, timer, votes.stop_votes,
+                          votes.clock_votes)
 
     def next_micro_batch(self, timer: StepTimer) -> Batch:
         """The next micro-batch of this rank, on the device and normalised (timed as data)."""
@@ -216,31 +213,19 @@ class Trainer:
                                 enabled=self.autocast_dtype is not None):
                 logits = self.forward(batch.images)
             loss = self.criterion(logits.float(), batch.labels)
-            (loss / self.geometry.loss_divisor).backward()
+            (loss / self.reduction.loss_divisor).backward()
             ended = time.perf_counter()
-        if last and self.network is not self.model:
-            timer.split_synced_backward(started, ended, self.comm_clock)
+        distributed = self.network is not self.model
+        self.reduction.after_backward(last, synced_by_hook=distributed)
+        if last and distributed:
+            timer.split_synced_backward(started, ended, self.reduction.comm_clock)
         else:
             timer.compute += ended - started
         return loss.detach()
 
-    def reduce_step(self, loss_sum: torch.Tensor, examples: torch.Tensor) -> list[float]:
-        """One reduction carries the loss, the example count, the two stop conditions and the
-        time-based checkpoint vote, so every rank takes the same decisions after the same step
-        (ranks' clocks differ; a checkpoint is a collective)."""
-        device = self.ctx.device
-        flags = torch.stack([
-            loss_sum,
-            examples,
-            nonfinite_gradients(self.model),
-            torch.tensor(float(self.stop.requested), device=device),
-            torch.tensor(float(self.checkpoints.vote()), device=device),
-        ])
-        return all_reduce_sum(flags, self.ctx).tolist()
-
     def skip_step(self, step: int, mean_loss: float) -> None:
         """A non-finite step: no update, BatchNorm statistics rolled back, then the policy."""
-        self.bn_stats.rollback()
+        self.reduction.bn_stats.rollback()
         self.position.skipped_steps += 1
         handle_nonfinite(self.cfg, self.ctx, self.run_dir, self.model, step, mean_loss,
                          self.position.skipped_steps)
@@ -264,6 +249,7 @@ class Trainer:
             self.evaluate_and_log()
         if (epoch_done or finished or result.stop_votes
                 or self.checkpoints.due(position.step, result.clock_votes)):
+            self.reduction.sync_buffers()
             save_checkpoint(self.cfg, self.ctx, self.run_dir, self.model, self.optimizer,
                             position, self.faults)
             self.checkpoints.saved()
@@ -293,7 +279,7 @@ class Trainer:
 
     def evaluate_and_log(self) -> None:
         """Top-1/top-5/loss on the validation set with the ranks' averaged BN statistics."""
-        average_buffers(self.model, self.ctx)
+        self.reduction.sync_buffers()
         result = evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
                           self.workers, self.cfg.channels_last, self.autocast_dtype)
         epoch = self.geometry.epoch_of(self.position.step)
@@ -324,11 +310,12 @@ class Trainer:
 # ----------------------------------------------------------------------------- pieces
 
 
-def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock) -> nn.Module:
+def wrap_ddp(model: nn.Module, ctx: DistContext, hook_state: Any, hook: Any) -> nn.Module:
     """DDP over the process group, or the model itself on one process.
 
     ``broadcast_buffers=False``: BatchNorm uses each rank's micro-batch statistics, as in the
     paper, and running statistics are averaged over ranks before evaluation and checkpoints.
+    ``hook`` sums the gradient buckets over ranks (train.reduction).
     """
     if not ctx.distributed:
         return model
@@ -340,7 +327,7 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, clock: CommClock) -> nn.Module:
         network = DistributedDataParallel(
             model, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
-    network.register_comm_hook(clock, timed_allreduce_hook)
+    network.register_comm_hook(hook_state, hook)
     return network
 
 
