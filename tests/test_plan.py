@@ -207,6 +207,17 @@ def test_bf16_gradients_halve_the_bytes():
     assert fp32.gradient_bytes == 4000 and bf16.gradient_bytes == 2000
 
 
+def test_exact_reduction_doubles_the_bytes_on_the_wire(capsys):
+    """--precision exact: exact_reduction all-reduces int64 gradients, 8 bytes a parameter."""
+    common = ["--model", "resnet50", "--preset", "knl-opa", "--devices", "2048", "--json"]
+    fp32 = json.loads(run(common, capsys))
+    exact = json.loads(run([*common, "--precision", "exact"], capsys))
+    assert exact["workload"]["gradient_bytes_per_parameter"] == 8
+    assert fp32["workload"]["gradient_bytes_per_parameter"] == 4
+    assert exact["detail"]["allreduce"] > 1.9 * fp32["detail"]["allreduce"]
+    assert exact["detail"]["compute"] == fp32["detail"]["compute"]
+
+
 def test_steps_per_epoch_drops_the_partial_batch():
     assert Workload("r", 1, 1.0, global_batch=32768).steps_per_epoch == 39  # 1,281,167 / 32K
     assert Workload("r", 1, 1.0, global_batch=8192).steps_per_epoch == 156

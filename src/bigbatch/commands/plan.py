@@ -92,7 +92,8 @@ def add_network_options(command: argparse.ArgumentParser) -> None:
         "--precision",
         choices=tuple(GRADIENT_BYTES),
         default="fp32",
-        help="gradient precision on the wire (default fp32)",
+        help="gradient on the wire: fp32, bf16, or exact (int64, as exact_reduction=true sends; "
+        "default fp32)",
     )
 
 

@@ -21,7 +21,8 @@ BACKWARD_SHARE = 2.0 / 3.0  # backward costs about twice the forward pass
 DEFAULT_OVERLAP = 0.5
 
 
-GRADIENT_BYTES = {"fp32": 4, "bf16": 2}
+# Bytes per parameter of the all-reduced gradient: exact_reduction sums int64 (train/fixed_point).
+GRADIENT_BYTES = {"fp32": 4, "bf16": 2, "exact": 8}
 
 
 @dataclass(frozen=True)
