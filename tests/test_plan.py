@@ -214,7 +214,7 @@ def test_exact_reduction_doubles_the_bytes_on_the_wire(capsys):
     exact = json.loads(run([*common, "--precision", "exact"], capsys))
     assert exact["workload"]["gradient_bytes_per_parameter"] == 8
     assert fp32["workload"]["gradient_bytes_per_parameter"] == 4
-    assert exact["detail"]["allreduce"] > 1.9 * fp32["detail"]["allreduce"]
+    assert exact["detail"]["allreduce"] > 1.5 * fp32["detail"]["allreduce"]  # latency is fixed
     assert exact["detail"]["compute"] == fp32["detail"]["compute"]
 
 
