@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from bigbatch.optim import LARS, build_optimizer, parameter_groups
+from bigbatch.optim import LARS, build_optimizer, lars_kernel, parameter_groups
 
 SHAPES = [(6, 4), (3, 2, 3, 3), (5,), (7, 1)]
+
+
+@pytest.fixture(autouse=True, params=["kernel", "eager"])
+def lars_path(request, monkeypatch):
+    """Every test runs on the compiled CPU kernel and on the eager fallback."""
+    if request.param == "eager":
+        monkeypatch.setattr(lars_kernel, "_KERNELS", None)
+    elif not lars_kernel.available():
+        if sys.platform.startswith("linux") and shutil.which("gcc"):
+            pytest.fail("pip install -e . did not build the LARS kernel (_lars_kernel.c)")
+        pytest.skip("the LARS kernel is not built on this platform")
+    return request.param
 
 
 def make_params(dtype: torch.dtype = torch.float64, seed: int = 0) -> list[nn.Parameter]:
@@ -469,3 +483,80 @@ def test_step_is_the_same_bits_whatever_the_memory_alignment(dtype):
                            views_opt.state[q]["momentum_buffer"]), f"momentum of shape {shape}"
     for step, (got, want) in enumerate(zip(views_ratios, fresh_ratios, strict=True)):
         assert torch.equal(got, want), f"trust ratios at step {step}: {got - want}"
+
+
+def test_kernel_takes_the_cpu_float_tensors_and_leaves_the_rest_to_eager(lars_path):
+    params = make_params(torch.float32)
+    grads = grads_for(0, torch.float32)
+    bufs = [torch.zeros_like(p) for p in params]
+    assert lars_kernel.supports(params, grads, bufs) == (lars_path == "kernel")
+    transposed = [g.t() if g.ndim == 2 else g for g in grads]
+    assert not lars_kernel.supports(params, transposed, bufs)  # other strides than the weight
+    halves = [p.detach().bfloat16() for p in params]
+    assert not lars_kernel.supports(halves, [g.bfloat16() for g in grads], halves)
+
+
+def test_non_contiguous_gradient_takes_the_eager_path_with_the_same_result():
+    params, reference = make_params(), make_params()
+    opt, ref = LARS(params, lr=1.0, trust_coefficient=0.02), LARS(reference, lr=1.0,
+                                                                   trust_coefficient=0.02)
+    for p, q, g in zip(params, reference, grads_for(0), strict=True):
+        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
+        q.grad = g.clone()
+    opt.step()
+    ref.step()
+    for p, q in zip(params, reference, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_kernel_bits_do_not_depend_on_the_thread_count(lars_path):
+    runs = []
+    for threads in (1, 2, 3):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            runs.append(layout_run(True, dtype=torch.float32))
+        finally:
+            torch.set_num_threads(before)
+    for params, _, ratios in runs[1:]:
+        assert all(torch.equal(p, q) for p, q in zip(params, runs[0][0], strict=True))
+        assert all(torch.equal(r, s) for r, s in zip(ratios, runs[0][2], strict=True))
+
+
+def test_kernel_matches_the_eager_path(monkeypatch, lars_path):
+    if lars_path == "eager":
+        pytest.skip("compares the two paths once")
+    kernel, _, kernel_ratios = layout_run(True, steps=4)
+    monkeypatch.setattr(lars_kernel, "_KERNELS", None)
+    eager, _, eager_ratios = layout_run(True, steps=4)
+    for p, q in zip(kernel, eager, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kernel_ratios[-1], eager_ratios[-1], rtol=1e-6, atol=0)
+
+
+def test_step_bumps_the_version_of_weights_and_buffers():
+    """Autograd sees the in-place update (an old graph using the weight then refuses to run)."""
+    params = make_params(torch.float32)
+    opt = LARS(params, lr=1.0)
+    for p, g in zip(params, grads_for(0, torch.float32), strict=True):
+        p.grad = g
+    opt.step()
+    versions = [p._version for p in params]
+    opt.step()
+    assert all(p._version > v for p, v in zip(params, versions, strict=True))
+
+
+def test_channels_last_weights_step_like_contiguous_ones():
+    dense, channels_last = ConvBN(), ConvBN()
+    channels_last.load_state_dict(dense.state_dict())
+    channels_last.to(memory_format=torch.channels_last)
+    assert channels_last.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(4, 3, 6, 6)
+    for model in (dense, channels_last):
+        opt = LARS(model.parameters(), lr=1.0, trust_coefficient=0.02)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for p, q in zip(dense.parameters(), channels_last.parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bigbatch.optim import lars_kernel
+
 # One bucket's working set is ~3x this (weights, grads, momentum buffers): it stays in a typical
 # L3 between the bucket's six passes. 1-8 MiB measured alike on ResNet-50 (docs/results).
 _CPU_BUCKET_BYTES = 4 * 2**20
@@ -150,6 +152,13 @@ class LARS(torch.optim.Optimizer):
             compiled = group["fused_compile"] and group["lars"]
             # The compiled graph fuses per tensor by itself: it only needs one device and dtype.
             limit = None if compiled else _bucket_limit(group, params[0].device)
+            if not compiled and limit is not None and lars_kernel.supports(params, grads, bufs):
+                ratios = lars_kernel.step(params, grads, bufs, bucket_bytes=limit,
+                                          **_update_options(group))
+                if ratios is not None:
+                    ratio_parts.append(ratios)
+                    ratio_params.extend(params)
+                continue
             for lo, hi in _bucket_bounds(params, limit):
                 update = self._compiled_update if compiled else _bucket_update
                 ratios = update(params[lo:hi], grads[lo:hi], bufs[lo:hi],

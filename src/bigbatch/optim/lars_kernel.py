@@ -1,0 +1,104 @@
+"""The compiled CPU LARS step (``_lars_kernel.c``), loaded through ctypes when it was built.
+
+``pip install`` compiles it (setup.py; a C compiler is all it needs, no torch headers). Without it
+— no compiler at install time, another platform, or ``BIGBATCH_LARS_KERNEL=0`` — :class:`LARS`
+runs its multi-tensor eager path. The kernel does Algorithm 1 of You, Gitman & Ginsburg, "Large
+Batch Training of Convolutional Networks" (2017) in one trip from memory per cache-sized bucket
+(norms, ratios and update of a bucket before the next), with norms that are a pure function of
+the values (fixed chunks and lanes by index, summed in float64).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("lr", ctypes.c_double), ("momentum", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("trust_coefficient", ctypes.c_double),
+                ("eps", ctypes.c_double), ("clip", ctypes.c_int32), ("nesterov", ctypes.c_int32),
+                ("lars", ctypes.c_int32), ("threads", ctypes.c_int32),
+                ("bucket_elements", ctypes.c_int64)]
+
+
+def _load() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+    if os.environ.get("BIGBATCH_LARS_KERNEL", "1") == "0":
+        return None
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_lars_kernel{suffix}"
+        if path.is_file():
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                return None
+            return {torch.float32: _declare(lib.lars_step_f32),
+                    torch.float64: _declare(lib.lars_step_f64)}
+    return None
+
+
+def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.POINTER(_Options), ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_KERNELS = _load()
+
+
+def available() -> bool:
+    """Whether the compiled kernel was built and loaded."""
+    return _KERNELS is not None
+
+
+def supports(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]) -> bool:
+    """Whether the kernel can step these tensors: CPU, one float32/float64 dtype, and each
+    weight, gradient and momentum buffer dense with the same strides (contiguous or
+    channels-last alike), so that one index walks all three."""
+    if _KERNELS is None or not params:
+        return False
+    dtype = params[0].dtype
+    if dtype not in _DTYPES:
+        return False
+    for p, g, v in zip(params, grads, bufs, strict=True):
+        if (p.device.type != "cpu" or g.device.type != "cpu" or v.device.type != "cpu"
+                or not p.dtype == g.dtype == v.dtype == dtype
+                or not p.stride() == g.stride() == v.stride() or not _dense(p)):
+            return False
+    return True
+
+
+def _dense(t: Tensor) -> bool:
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(
+        memory_format=torch.channels_last))
+
+
+def step(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: float,
+         momentum: float, weight_decay: float, trust_coefficient: float, eps: float,
+         clip: bool, nesterov: bool, lars: bool, bucket_bytes: int) -> Tensor | None:
+    """One step of the tensors (see :func:`supports`) in place; the trust ratios if ``lars``."""
+    count = len(params)
+    dtype = params[0].dtype
+    ratios = torch.empty(count, dtype=dtype) if lars else None
+    options = _Options(float(lr), momentum, weight_decay, trust_coefficient, eps, clip, nesterov,
+                       lars, torch.get_num_threads(),
+                       max(1, bucket_bytes // params[0].element_size()))
+    pointers = ctypes.c_void_p * count
+    result = _KERNELS[dtype](
+        pointers(*[p.data_ptr() for p in params]), pointers(*[g.data_ptr() for g in grads]),
+        pointers(*[v.data_ptr() for v in bufs]),
+        (ctypes.c_int64 * count)(*[p.numel() for p in params]), count, ctypes.byref(options),
+        ratios.data_ptr() if ratios is not None else None)
+    if result != 0:
+        raise MemoryError("LARS kernel: out of memory for its work plan")
+    torch.autograd.graph.increment_version(params + bufs)  # written behind autograd's back
+    return ratios
