@@ -209,10 +209,12 @@ def overrides_from_flags(args: argparse.Namespace) -> list[str]:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from bigbatch.preemption import PREEMPTED_EXIT_CODE, catch_early
+
+    catch_early()  # a preemption signal before or after the training loop must not kill the run
     from bigbatch.config import resolve_config
     from bigbatch.distributed import init_distributed, shutdown
     from bigbatch.engine import NonFiniteLoss, Preempted, train
-    from bigbatch.preemption import PREEMPTED_EXIT_CODE
 
     cfg = resolve_config(args.recipe, args.config, overrides_from_flags(args) + args.overrides)
     ctx = init_distributed(cfg.backend)
