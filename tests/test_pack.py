@@ -95,9 +95,9 @@ def test_packed_augmentation_depends_only_on_seed_epoch_index(packed: Path) -> N
 def test_dataset_pickles_without_its_memory_maps(packed: Path) -> None:
     dataset = PackedImages(packed, "train", train=False, image_size=SIZE)
     first = dataset.__getitems__([(0, 0)]).images
-    assert dataset._maps  # opened on use
+    assert dataset.shards._maps  # opened on use
     clone = pickle.loads(pickle.dumps(dataset))
-    assert not clone._maps
+    assert not clone.shards._maps
     assert (clone.__getitems__([(0, 0)]).images == first).all()
 
 

@@ -13,12 +13,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, load_batch, normalize_key
-from bigbatch.data.decode import decode_crop_planes
-from bigbatch.data.transforms import BoxForSize, example_crop
+from bigbatch.data.base import IndexedImages
 from bigbatch.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -26,7 +22,6 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff",
                               ".webp"})
 SPLITS = ("train", "val")
-ON_BROKEN = ("skip", "error")
 _IGNORED_EXAMPLES = 5
 
 
@@ -102,7 +97,7 @@ def strided_subset(total: int, subset: int) -> np.ndarray:
     return (np.arange(subset, dtype=np.int64) * total) // subset
 
 
-class ImageFolderData(Dataset):
+class ImageFolderData(IndexedImages):
     """Map-style image folder keyed by (index, epoch); ``__getitems__`` returns a Batch.
 
     Args:
@@ -121,7 +116,7 @@ class ImageFolderData(Dataset):
             be normalised on the device with transforms.normalize_images (cheaper loading).
     """
 
-    in_channels = 3
+    remedy = "replace or delete the file, or use on_broken=skip to skip broken images"
 
     def __init__(self, root: str | os.PathLike, split: str = "train", train: bool = True,
                  seed: int = 0, image_size: int = 224, resize_size: int = 256,
@@ -130,12 +125,8 @@ class ImageFolderData(Dataset):
                  normalize: bool = True) -> None:
         if split not in SPLITS:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
-        if on_broken not in ON_BROKEN:
-            raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got "
-                              f"{on_broken!r}")
-        if not 0 < image_size <= resize_size:
-            raise ConfigError(f"image size {image_size} must be positive and at most the resize "
-                              f"size {resize_size}")
+        super().__init__(train=train, seed=seed, image_size=image_size, resize_size=resize_size,
+                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize)
         self.root = Path(root)
         self.split_dir = check_data_root(self.root, split)
         files, labels, classes, ignored = scan_split(self.split_dir, class_names)
@@ -150,56 +141,12 @@ class ImageFolderData(Dataset):
         self.classes = classes
         self.num_classes = len(classes)
         self.ignored_count = len(ignored)
-        self.train = train
-        self.seed = seed
-        self.image_size = image_size
-        self.resize_size = resize_size
-        self.on_broken = on_broken
-        self.fast_decode = fast_decode
-        self.normalize = normalize
-        self._warned: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(self.files)
 
     def path(self, index: int) -> Path:
         return self.split_dir / os.fsdecode(self.files[index])
 
-    def crop_plan(self, index: int, epoch: int) -> tuple[BoxForSize, bool]:
-        """(box for a width x height image, flip) of one example; see example_crop."""
-        return example_crop(self.train, self.seed, epoch, index, self.image_size,
-                            self.resize_size)
+    def describe(self, index: int) -> str:
+        return str(self.path(index))
 
-    def load_image(self, index: int, epoch: int) -> torch.Tensor:
-        """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""
-        box_for_size, flip = self.crop_plan(index, epoch)
-        return decode_crop_planes(self.path(index), box_for_size, self.image_size,
-                                  self.fast_decode, flip)
-
-    def load_pixels(self, index: int, epoch: int) -> np.ndarray:
-        """load_image as an image_size x image_size x 3 uint8 array (for inspection)."""
-        return self.load_image(index, epoch).permute(1, 2, 0).numpy()
-
-    def _broken(self, index: int, error: Exception) -> str:
-        path = str(self.path(index))
-        reason = f"{type(error).__name__}: {error}"
-        if self.on_broken == "error":
-            raise DataError(f"cannot read image {path}: {reason}; replace or delete the file, "
-                            "or use on_broken=skip to skip broken images") from error
-        if path not in self._warned:
-            self._warned.add(path)
-            log.warning("skipping unreadable image %s: %s", path, reason)
-        return path
-
-    def __getitems__(self, keys: list) -> Batch:
-        return load_batch(keys, self.load_image, self._broken, self.labels, self.image_size,
-                          self.normalize)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        """One (image 3xSxS, label) pair; a bare index means epoch 0. A broken file raises
-        DataError whatever on_broken says, since there is nothing to return."""
-        batch = self.__getitems__([normalize_key(key)])
-        if not len(batch):
-            raise DataError(f"cannot read image {batch.skipped[0]} (see the warning above)")
-        return batch.images[0], int(batch.labels[0])
-
+    def encoded(self, index: int) -> bytes:
+        return self.path(index).read_bytes()

@@ -45,16 +45,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, load_batch, normalize_key
-from bigbatch.data.decode import crop_planes
-from bigbatch.data.imagefolder import ON_BROKEN, check_data_root, scan_split
+from bigbatch.data.base import ON_BROKEN, IndexedImages, MappedFiles
+from bigbatch.data.imagefolder import check_data_root, scan_split, strided_subset
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
     Box,
-    eval_resize_size,
-    example_crop,
     image_planes,
     resample_crop,
     to_rgb,
@@ -350,7 +346,7 @@ def shard_file(folder: Path, shard: int) -> Path:
     return folder / f"shard-{shard:05d}.bin"
 
 
-class PackedImages(Dataset):
+class PackedImages(IndexedImages):
     """Map-style packed split keyed by (index, epoch); ``__getitems__`` returns a Batch.
 
     The same crops and flips as ImageFolderData (see transforms.example_crop), taken from the
@@ -360,102 +356,57 @@ class PackedImages(Dataset):
     the page cache instead of copying data.
     """
 
-    in_channels = 3
+    noun = "packed image"
+    remedy = "pack the split again"
 
     def __init__(self, root: str | os.PathLike, split: str = "train", train: bool = True,
                  seed: int = 0, image_size: int = 224, resize_size: int | None = None,
                  on_broken: str = "skip", fast_decode: bool = True,
                  subset: int | None = None, normalize: bool = True) -> None:
-        resize_size = eval_resize_size(image_size) if resize_size is None else resize_size
-        if not 0 < image_size <= resize_size:
-            raise ConfigError(f"image size {image_size} must be positive and at most the resize "
-                              f"size {resize_size}")
-        if on_broken not in ON_BROKEN:
-            raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got "
-                              f"{on_broken!r}")
+        super().__init__(train=train, seed=seed, image_size=image_size, resize_size=resize_size,
+                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize)
         self.root = Path(root)
         self.split = split
         self.index = read_index(self.root / split)
-        chosen = None
+        rows = np.arange(len(self.index.label))
         if subset is not None:
-            if not 1 <= subset <= len(self.index.label):
-                raise ConfigError(f"train subset {subset} is outside 1..{len(self.index.label)}")
-            chosen = (np.arange(subset, dtype=np.int64) * len(self.index.label)) // subset
-        self.rows = chosen if chosen is not None else np.arange(len(self.index.label))
+            rows = rows[strided_subset(len(rows), subset)]
+        self.rows = rows
         self.labels = self.index.label[self.rows]
         self.classes: list[str] = list(self.index.meta["classes"])
         self.num_classes = len(self.classes)
         self.encoding: str = self.index.meta["encoding"]
-        self.train = train
-        self.seed = seed
-        self.image_size = image_size
-        self.resize_size = resize_size
-        self.on_broken = on_broken
-        self.fast_decode = fast_decode
-        self.normalize = normalize
-        self._maps: dict[int, np.memmap] = {}
-        self._warned: set[str] = set()
-
-    def __getstate__(self) -> dict:
-        # Memory maps pickle as full copies; workers started by spawn reopen them instead.
-        state = dict(self.__dict__)
-        state["_maps"] = {}
-        return state
-
-    def __len__(self) -> int:
-        return len(self.rows)
+        self.shards = MappedFiles([shard_file(self.index.folder, shard)
+                                   for shard in range(self.index.meta["shards"])])
 
     def source(self, index: int) -> str:
         """The original image's path relative to its split folder (for messages)."""
         return os.fsdecode(self.index.source[self.rows[index]])
 
+    def describe(self, index: int) -> str:
+        return f"{self.root / self.split}[{index}] ({self.source(index)})"
+
     def record(self, index: int) -> np.ndarray:
         """The stored bytes of example ``index`` (a view into the memory-mapped shard)."""
         row = self.rows[index]
-        shard = int(self.index.shard[row])
-        mapped = self._maps.get(shard)
-        if mapped is None:
-            mapped = np.memmap(shard_file(self.index.folder, shard), dtype=np.uint8, mode="r")
-            self._maps[shard] = mapped
-        offset = int(self.index.offset[row])
-        data = mapped[offset:offset + int(self.index.size[row])]
+        shard, offset = int(self.index.shard[row]), int(self.index.offset[row])
+        data = self.shards.read(shard, offset, int(self.index.size[row]))
         expected = self.index.crc32
         if expected is not None and zlib.crc32(data) != int(expected[row]):
-            raise ValueError(f"record at byte {offset} of {shard_file(self.index.folder, shard)} "
+            raise ValueError(f"record at byte {offset} of {self.shards.paths[shard]} "
                              "fails its CRC-32 check (the shard is damaged)")
         return data
 
+    def encoded(self, index: int) -> bytes:
+        return self.record(index).tobytes()
+
     def load_image(self, index: int, epoch: int) -> torch.Tensor:
         """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""
-        box_for_size, flip = example_crop(self.train, self.seed, epoch, index, self.image_size,
-                                          self.resize_size)
-        data = self.record(index)
         if self.encoding != "raw":
-            return crop_planes(data.tobytes(), box_for_size, self.image_size, self.fast_decode,
-                               flip)
+            return super().load_image(index, epoch)
+        box_for_size, flip = self.crop_plan(index, epoch)
         row = self.rows[index]
         height, width = int(self.index.height[row]), int(self.index.width[row])
-        image = Image.frombuffer("RGB", (width, height), data, "raw", "RGB", 0, 1)
+        image = Image.frombuffer("RGB", (width, height), self.record(index), "raw", "RGB", 0, 1)
         box: Box = box_for_size(width, height)
         return image_planes(resample_crop(image, box, self.image_size), flip)
-
-    def _broken(self, index: int, error: Exception) -> str:
-        name = f"{self.root / self.split}[{index}] ({self.source(index)})"
-        reason = f"{type(error).__name__}: {error}"
-        if self.on_broken == "error":
-            raise DataError(f"cannot read packed image {name}: {reason}; pack the split "
-                            "again") from error
-        if name not in self._warned:
-            self._warned.add(name)
-            log.warning("skipping unreadable packed image %s: %s", name, reason)
-        return name
-
-    def __getitems__(self, keys: list) -> Batch:
-        return load_batch(keys, self.load_image, self._broken, self.labels, self.image_size,
-                          self.normalize)
-
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        batch = self.__getitems__([normalize_key(key)])
-        if not len(batch):
-            raise DataError(f"cannot read packed image {batch.skipped[0]} (see the warning above)")
-        return batch.images[0], int(batch.labels[0])

@@ -16,7 +16,8 @@ import os
 import tarfile
 from pathlib import Path
 
-from bigbatch.data.imagefolder import ON_BROKEN, check_data_root, scan_split
+from bigbatch.data.base import ON_BROKEN
+from bigbatch.data.imagefolder import check_data_root, scan_split
 from bigbatch.data.pack import DEFAULT_SHARD_BYTES, PackSummary, encoded_records
 from bigbatch.data.webdataset import INDEX_SUFFIX
 from bigbatch.errors import ConfigError, DataError
