@@ -5,14 +5,18 @@
 runs its multi-tensor eager path. The kernel does Algorithm 1 of You, Gitman & Ginsburg, "Large
 Batch Training of Convolutional Networks" (2017) in one trip from memory per cache-sized bucket
 (norms, ratios and update of a bucket before the next), with norms that are a pure function of
-the values (fixed chunks and lanes by index, summed in float64).
+the values (fixed chunks and lanes by index). The update pass hands back ‖w‖² of the new weights,
+summed exactly as the norm pass sums them; :class:`WeightNorms` keeps them for the next step while
+PyTorch sees no other write to the weight, so the norm pass reads only the gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.machinery
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -47,7 +51,7 @@ def _load() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
 
 def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int64, ctypes.POINTER(_Options), ctypes.c_void_p]
+                   ctypes.c_int64, ctypes.POINTER(_Options), ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
 
@@ -60,19 +64,28 @@ def available() -> bool:
     return _KERNELS is not None
 
 
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, LARS takes its eager path (to compare the two)."""
+    global _KERNELS
+    kernels, _KERNELS = _KERNELS, None
+    try:
+        yield
+    finally:
+        _KERNELS = kernels
+
+
 def supports(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]) -> bool:
     """Whether the kernel can step these tensors: CPU, one float32/float64 dtype, and each
     weight, gradient and momentum buffer dense with the same strides (contiguous or
     channels-last alike), so that one index walks all three."""
-    if _KERNELS is None or not params:
+    if _KERNELS is None or not params or params[0].dtype not in _DTYPES:
         return False
     dtype = params[0].dtype
-    if dtype not in _DTYPES:
-        return False
     for p, g, v in zip(params, grads, bufs, strict=True):
-        if (p.device.type != "cpu" or g.device.type != "cpu" or v.device.type != "cpu"
-                or not p.dtype == g.dtype == v.dtype == dtype
-                or not p.stride() == g.stride() == v.stride() or not _dense(p)):
+        stride = p.stride()
+        if not (p.is_cpu and g.is_cpu and v.is_cpu and p.dtype == g.dtype == v.dtype == dtype
+                and g.stride() == stride and v.stride() == stride and _dense(p)):
             return False
     return True
 
@@ -82,8 +95,38 @@ def _dense(t: Tensor) -> bool:
         memory_format=torch.channels_last))
 
 
-def step(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: float,
-         momentum: float, weight_decay: float, trust_coefficient: float, eps: float,
+class WeightNorms:
+    """‖w‖² of each weight as the kernel's last update left it, for the next step's ratio.
+
+    An entry holds while the weight's version counter and address are the ones recorded after
+    that update: any in-place change through PyTorch (``copy_``, ``load_state_dict``, another
+    optimizer) bumps the version, and ``p.data = ...`` moves the address. A write PyTorch cannot
+    see (through ``p.data.copy_``, numpy or raw pointers) must call :meth:`clear` or
+    ``torch.autograd.graph.increment_version(p)`` — as it must for autograd anyway.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Tensor, tuple[int, int, float]] = {}
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def lookup(self, params: list[Tensor], addresses: list[int]) -> list[float]:
+        """The kept ‖w‖² of each weight (at ``addresses``), or -1.0 where it changed since."""
+        found = []
+        for p, address in zip(params, addresses, strict=True):
+            entry = self._entries.get(p)
+            valid = entry is not None and entry[0] == p._version and entry[1] == address
+            found.append(entry[2] if valid else -1.0)
+        return found
+
+    def store(self, params: list[Tensor], addresses: list[int], squares: list[float]) -> None:
+        for p, address, square in zip(params, addresses, squares, strict=True):
+            self._entries[p] = (p._version, address, square)
+
+
+def step(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], norms: WeightNorms, *,
+         lr: float, momentum: float, weight_decay: float, trust_coefficient: float, eps: float,
          clip: bool, nesterov: bool, lars: bool, bucket_bytes: int) -> Tensor | None:
     """One step of the tensors (see :func:`supports`) in place; the trust ratios if ``lars``."""
     count = len(params)
@@ -93,12 +136,15 @@ def step(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: f
                        lars, torch.get_num_threads(),
                        max(1, bucket_bytes // params[0].element_size()))
     pointers = ctypes.c_void_p * count
+    addresses = [p.data_ptr() for p in params]
+    squares = (ctypes.c_double * count)(*norms.lookup(params, addresses))
     result = _KERNELS[dtype](
-        pointers(*[p.data_ptr() for p in params]), pointers(*[g.data_ptr() for g in grads]),
+        pointers(*addresses), pointers(*[g.data_ptr() for g in grads]),
         pointers(*[v.data_ptr() for v in bufs]),
         (ctypes.c_int64 * count)(*[p.numel() for p in params]), count, ctypes.byref(options),
-        ratios.data_ptr() if ratios is not None else None)
+        squares, ratios.data_ptr() if ratios is not None else None)
     if result != 0:
         raise MemoryError("LARS kernel: out of memory for its work plan")
     torch.autograd.graph.increment_version(params + bufs)  # written behind autograd's back
+    norms.store(params, addresses, list(squares))
     return ratios
