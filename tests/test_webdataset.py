@@ -205,6 +205,11 @@ def test_index_is_cached_beside_the_shards_and_rebuilt_when_a_shard_changes(
     write_shard(folder / "train-0002.tar", good_samples(50, 3, np.random.default_rng(1)))
     changed = WebDatasetImages(shard_paths(folder, "train"), image_size=SIZE)
     assert scans[3:] == ["train-0002.tar"] and len(changed) == len(first) - 5
+    damaged = folder / "train-0001.tar.index.npz"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # e.g. a writer killed mid-way
+    repaired = WebDatasetImages(shard_paths(folder, "train"), image_size=SIZE)
+    assert scans[4:] == ["train-0001.tar"] and np.array_equal(repaired.keys, changed.keys)
+    assert not list(folder.glob(".*partial"))
 
 
 def test_read_only_shards_keep_their_index_in_the_cache_folder(

@@ -36,6 +36,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -210,12 +211,20 @@ def pack_split(source: Path, split: str, target: Path, class_names: list[str] | 
 
 def write_index(path: Path, arrays: dict[str, np.ndarray], sources: np.ndarray,
                 meta: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        np.savez(handle, **arrays, source=sources, meta=np.array(json.dumps(meta)))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+    """Write an index .npz atomically: into a temporary file of its own (processes writing
+    the same index at once do not share it), then renamed over ``path``."""
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                           suffix=".partial")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            np.savez(handle, **arrays, source=sources, meta=np.array(json.dumps(meta)))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
 def install_split(built: Path, final: Path) -> None:

@@ -30,6 +30,7 @@ import os
 import re
 import tarfile
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,8 +285,8 @@ def read_cached_index(path: Path, stamp: dict) -> ShardIndex | None:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError):
-        return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None  # missing or damaged: built again
     if meta != stamp:
         return None
     return ShardIndex(key=arrays.pop("source"), **arrays)
