@@ -2,7 +2,7 @@
 
 Every data set is map-style and keyed by (example index, epoch); ``__getitems__`` returns a
 :class:`Batch`. Data order and augmentation are functions of (seed, epoch, index) only
-(DESIGN.md principle 1).
+(so a run is the same at any world size).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A subclass sets ``labels`` (one int64 per example) and implements ``encoded(inde
 example's encoded image bytes) and ``describe(index)`` (how messages name the example); it may
 override ``load_image`` when its examples are not encoded images. Augmentation comes from
 ``transforms.example_crop``, so an example's pixels are a function of (seed, epoch, index) only,
-whatever the worker, batch or number of processes (DESIGN.md principle 1).
+whatever the worker, batch or number of processes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Decoding is libjpeg-turbo (torchvision.io) or PIL with JPEG draft mode (DCT scaling) when that
 loses no output resolution, and crop + resize is one resampling of the crop box (data/decode.py).
 Augmentation parameters are drawn from example_generator(seed, epoch, index), so an example's
-crop does not depend on the worker, the batch or the number of processes (DESIGN.md principle 1).
+crop does not depend on the worker, the batch or the number of processes.
 """
 
 from __future__ import annotations
