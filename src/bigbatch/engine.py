@@ -47,7 +47,7 @@ from bigbatch.data.sampler import TrainBatches
 from bigbatch.data.seeding import mix64
 from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers, barrier
-from bigbatch.errors import CheckpointError
+from bigbatch.errors import CheckpointError, ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.faults import (
     clock_skew,
@@ -94,6 +94,8 @@ def _train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
     if cfg.sync_bn and ctx.distributed:
+        if ctx.device.type != "cuda":  # PyTorch's SyncBatchNorm runs on GPUs only
+            raise ConfigError("sync_bn=true needs CUDA GPUs; on CPU use sync_bn=false")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(ctx.device, memory_format=memory_format)
     optimizer = optimizer_for(cfg, model)
