@@ -397,7 +397,8 @@ def test_build_optimizer_lars_and_sgd_train_a_conv_bn_model():
     sgd = build_optimizer(ConvBN(), "sgd", 0.1, nesterov=True)
     assert sgd.defaults["foreach"] is True and sgd.defaults["nesterov"] is True
     assert sgd.defaults["momentum"] == 0.9
-    with pytest.raises(ValueError, match="^unknown optimizer 'adam'; choose one of: lars, sgd$"):
+    with pytest.raises(ValueError,
+                       match="^unknown optimizer 'adam'; choose one of: lars, lamb, sgd$"):
         build_optimizer(ConvBN(), "adam", 0.1)
 
 

@@ -34,7 +34,7 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     ),
     "out": ("out", str, "run directory (config, metrics, checkpoints, summary, weights)"),
     "model": ("model.name", str, "model name (see `bigbatch models`)"),
-    "optimizer": ("optim.name", str, "lars or sgd"),
+    "optimizer": ("optim.name", str, "lars, lamb or sgd"),
     "batch_size": ("global_batch", int, "global batch B (all processes, all accumulation steps)"),
     "micro_batch": (
         "micro_batch",

@@ -19,7 +19,7 @@ import yaml
 from bigbatch.errors import ConfigError
 
 DATASETS = ("fashion-mnist", "imagefolder", "synthetic", "packed", "webdataset")
-OPTIMIZERS = ("lars", "sgd")
+OPTIMIZERS = ("lars", "lamb", "sgd")
 SCHEDULES = ("poly", "cosine", "step", "constant")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "auto")  # auto: bf16 where the hardware has native bf16
