@@ -1,4 +1,4 @@
-"""Time one optimizer step on ResNet-50's parameters: bigbatch LARS against PyTorch's and timm's.
+"""Time one optimizer step on ResNet-50's parameters: bigbatch LARS and LAMB, PyTorch's, timm's.
 
     python benchmarks/lars_step.py [--repeats 30] [--threads 2] [--no-compile] [--device cpu]
 
@@ -19,6 +19,8 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   lars_eager     the same on its eager multi-tensor path (the fallback without the kernel)
   lars_compiled  LARS(fused_compile=True) (compile time reported separately)
   timm_lars      timm.optim.Lars (LR outside the momentum buffer, eps 1e-8)
+  lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted
+  timm_lamb      timm.optim.Lamb with the same update (max_grad_norm=None: no global clipping)
 
 Ratios: each row of RATIOS, as the ratio of the medians, the median of the per-repetition ratios
 and their range (min-max over the repetitions).
@@ -40,14 +42,15 @@ from pathlib import Path
 import torch
 import torchvision
 
-from bigbatch.optim import LARS, lars_kernel
+from bigbatch.optim import LAMB, LARS, lars_kernel
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "lars_step.jsonl"
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
 RATIOS = [("lars", "sgd_fused"), ("lars_eager", "sgd_fused"), ("lars_compiled", "sgd_fused"),
           ("lars", "sgd_wd"), ("lars", "timm_lars"), ("lars", "lars_eager"),
-          ("adamw_fused", "sgd_fused")]
-TARGETS = {"lars/sgd_fused <=": 1.3}
+          ("adamw_fused", "sgd_fused"), ("lamb", "adamw_fused"), ("timm_lamb", "adamw_fused"),
+          ("lamb", "lars")]
+TARGETS = {"lars/sgd_fused <=": 1.3, "lamb/adamw_fused <=": 1.3}
 
 
 def resnet50_params_with_grads(device: torch.device, seed: int) -> list[torch.nn.Parameter]:
@@ -59,7 +62,7 @@ def resnet50_params_with_grads(device: torch.device, seed: int) -> list[torch.nn
 
 
 def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch.optim.Optimizer]:
-    from timm.optim import Lars
+    from timm.optim import Lamb, Lars
 
     def params() -> list[torch.nn.Parameter]:
         return resnet50_params_with_grads(device, seed=0)
@@ -74,6 +77,8 @@ def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch
         "lars": LARS(params(), **lars),
         "lars_eager": EagerLARS(params(), **lars),
         "timm_lars": Lars(params(), **lars),
+        "lamb": LAMB(params(), lr=1e-3, weight_decay=0.01),
+        "timm_lamb": Lamb(params(), lr=1e-3, weight_decay=0.01, max_grad_norm=None),
     }
     if with_compile:
         optimizers["lars_compiled"] = LARS(params(), **lars, fused_compile=True)
