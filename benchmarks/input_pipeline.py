@@ -8,6 +8,9 @@ shows larger photos):
   + Normalize, batched with default_collate (what a DataLoader worker does),
 * bigbatch ImageFolderData with fast_decode on and off,
 * bigbatch PackedImages of the same folder, JPEG and raw encodings,
+* bigbatch WebDatasetImages of the same folder written as WebDataset shards of reduced-size
+  JPEGs (``bigbatch data pack --format webdataset``: the same shrinking and JPEG quality as the
+  packed JPEG encoding),
 * the _uint8 variants: the same, returning uint8 images to be normalised on the device.
 
 Methods run interleaved, one pass over all images each per round, after one warm-up round, so
@@ -44,6 +47,8 @@ from torchvision import transforms
 from bigbatch.data.imagefolder import ImageFolderData
 from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from bigbatch.data.webdataset import WebDatasetImages, shard_paths
+from bigbatch.data.webdataset_write import write_webdataset
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "input_pipeline.jsonl"
 IMAGE_SIZE = 224
@@ -167,6 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
             start = time.perf_counter()
             pack_imagefolder(work / "src", work / encoding, encoding=encoding, workers=1)
             pack_rates[encoding] = (args.images + 8) / (time.perf_counter() - start)
+        start = time.perf_counter()
+        write_webdataset(work / "src", work / "wds", workers=1)
+        pack_rates["webdataset"] = (args.images + 8) / (time.perf_counter() - start)
+        wds_train = shard_paths(work / "wds", prefix="train")
         methods = {
             "torchvision_imagefolder": torchvision_pass(work / "src", args.batch),
             "imagefolder_fast_decode": bigbatch_pass(
@@ -175,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
                 ImageFolderData(work / "src", "train", train=True, fast_decode=False), args.batch),
             "packed_jpeg": bigbatch_pass(PackedImages(work / "jpeg", "train"), args.batch),
             "packed_raw": bigbatch_pass(PackedImages(work / "raw", "train"), args.batch),
+            "webdataset_jpeg": bigbatch_pass(
+                WebDatasetImages(wds_train, cache_dir=work / "cache"), args.batch),
             # uint8 output, normalised later on the device (transforms.normalize_images)
             "imagefolder_fast_decode_uint8": bigbatch_pass(
                 ImageFolderData(work / "src", "train", train=True, normalize=False), args.batch),
@@ -182,9 +193,13 @@ def main(argv: list[str] | None = None) -> dict:
                 PackedImages(work / "jpeg", "train", normalize=False), args.batch),
             "packed_raw_uint8": bigbatch_pass(
                 PackedImages(work / "raw", "train", normalize=False), args.batch),
+            "webdataset_jpeg_uint8": bigbatch_pass(
+                WebDatasetImages(wds_train, normalize=False, cache_dir=work / "cache"),
+                args.batch),
         }
         packed_bytes = {enc: sum(p.stat().st_size for p in (work / enc / "train").glob("*.bin"))
                         / args.images for enc in ("jpeg", "raw")}
+        packed_bytes["webdataset"] = sum(p.stat().st_size for p in wds_train) / args.images
         load_before = os.getloadavg()[0]
         rates = measure(methods, args.rounds)
     baseline = rates["torchvision_imagefolder"]
@@ -199,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   for name, r in rates.items()},
         "images_per_s_range": {name: [round(min(r), 1), round(max(r), 1)]
                                for name, r in rates.items()},
+        "images_per_s_rounds": {name: [round(v, 1) for v in r] for name, r in rates.items()},
         "speedup_vs_torchvision": {
             name: round(statistics.median(a / b for a, b in zip(r, baseline, strict=True)), 2)
             for name, r in rates.items()},

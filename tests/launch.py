@@ -118,3 +118,39 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
         scale = b[key].abs().max().item() + 1e-12
         worst = max(worst, (tensor - b[key]).abs().max().item() / scale)
     return worst
+
+
+def slurm_task_env(task: int, tasks: int, port: int) -> dict[str, str]:
+    """The variables `srun --ntasks N` gives task ``task`` on one node (no torchrun)."""
+    return {
+        "SLURM_PROCID": str(task),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_LOCALID": str(task),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def start_ranks(per_rank_args: list[list[str]], env: dict[str, str] | None = None):
+    """Start one `bigbatch` process per rank, each with its own arguments; return the Popens."""
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "bigbatch", *args],
+            env=process_env({**(env or {}), **slurm_task_env(rank, len(per_rank_args), port)}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, args in enumerate(per_rank_args)
+    ]
+
+
+def finish_ranks(processes, timeout: float = 300) -> list[tuple[int, str]]:
+    """Wait for every rank; (exit code, stderr) of each, in rank order."""
+    results = []
+    for process in processes:
+        _, stderr = process.communicate(timeout=timeout)
+        results.append((process.returncode, stderr))
+    return results

@@ -81,7 +81,7 @@ def test_round_trip_through_yaml(tmp_path):
         (["optim.bogus=1"], "unknown config key 'optim.bogus'"),
         (["global_batch=1000", "micro_batch=64"], "not a multiple of micro-batch 64"),
         (["optim.lr=-1"], "'optim.lr' must be a positive number"),
-        (["optim.name=adam"], "choose one of: lars, sgd"),
+        (["optim.name=adam"], "choose one of: lars, lamb, sgd"),
         (["epochs=abc"], "'epochs' must be a number"),
         (["global_batch=12.5"], "'global_batch' must be an integer"),
         (["optim.momentum=1.5"], "'optim.momentum' must be in"),

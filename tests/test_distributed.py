@@ -62,6 +62,16 @@ def test_bf16_runs_agree_across_world_sizes_in_their_losses(tmp_path):
     assert max_relative_difference(final_state(runs[2]), final_state(runs[1])) < 0.1
 
 
+def test_sync_bn_on_cpu_is_one_line_and_exit_2(tmp_path):
+    """PyTorch's SyncBatchNorm runs on GPUs only: on CPU processes sync_bn=true is refused in
+    one line (it was a traceback from every rank). Its GPU behaviour is untested here."""
+    result = run_bigbatch(["train", *TINY, "--set", "sync_bn=true", "--out", str(tmp_path)],
+                          nproc=2, check=False)
+    assert result.returncode != 0
+    assert result.stderr.count("bigbatch: error: sync_bn=true needs CUDA GPUs") == 2  # each rank
+    assert "[rank0]: Traceback" not in result.stderr and "ValueError" not in result.stderr
+
+
 def test_two_torchrun_agents_match_one_process(single_process_run, tmp_path):
     """--nnodes 2 with c10d rendezvous on 127.0.0.1: two 'nodes' of one process each."""
     out = tmp_path / "run"

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from bigbatch.optim import LARS, build_optimizer, parameter_groups
+from bigbatch.optim import LARS, build_optimizer, lars_kernel, parameter_groups
 
 SHAPES = [(6, 4), (3, 2, 3, 3), (5,), (7, 1)]
+
+
+@pytest.fixture(autouse=True, params=["kernel", "eager"])
+def lars_path(request, monkeypatch):
+    """Every test runs on the compiled CPU kernel and on the eager fallback."""
+    if request.param == "eager":
+        monkeypatch.setattr(lars_kernel, "_KERNELS", None)
+    elif not lars_kernel.available():
+        if sys.platform.startswith("linux") and shutil.which("gcc"):
+            pytest.fail("pip install -e . did not build the LARS kernel (_lars_kernel.c)")
+        pytest.skip("the LARS kernel is not built on this platform")
+    return request.param
 
 
 def make_params(dtype: torch.dtype = torch.float64, seed: int = 0) -> list[nn.Parameter]:
@@ -383,7 +397,8 @@ def test_build_optimizer_lars_and_sgd_train_a_conv_bn_model():
     sgd = build_optimizer(ConvBN(), "sgd", 0.1, nesterov=True)
     assert sgd.defaults["foreach"] is True and sgd.defaults["nesterov"] is True
     assert sgd.defaults["momentum"] == 0.9
-    with pytest.raises(ValueError, match="^unknown optimizer 'adam'; choose one of: lars, sgd$"):
+    with pytest.raises(ValueError,
+                       match="^unknown optimizer 'adam'; choose one of: lars, lamb, sgd$"):
         build_optimizer(ConvBN(), "adam", 0.1)
 
 
@@ -469,3 +484,108 @@ def test_step_is_the_same_bits_whatever_the_memory_alignment(dtype):
                            views_opt.state[q]["momentum_buffer"]), f"momentum of shape {shape}"
     for step, (got, want) in enumerate(zip(views_ratios, fresh_ratios, strict=True)):
         assert torch.equal(got, want), f"trust ratios at step {step}: {got - want}"
+
+
+def test_kernel_takes_the_cpu_float_tensors_and_leaves_the_rest_to_eager(lars_path):
+    params = make_params(torch.float32)
+    grads = grads_for(0, torch.float32)
+    bufs = [torch.zeros_like(p) for p in params]
+    assert lars_kernel.supports(params, grads, bufs) == (lars_path == "kernel")
+    transposed = [g.t() if g.ndim == 2 else g for g in grads]
+    assert not lars_kernel.supports(params, transposed, bufs)  # other strides than the weight
+    halves = [p.detach().bfloat16() for p in params]
+    assert not lars_kernel.supports(halves, [g.bfloat16() for g in grads], halves)
+
+
+def test_non_contiguous_gradient_takes_the_eager_path_with_the_same_result():
+    params, reference = make_params(), make_params()
+    opt, ref = LARS(params, lr=1.0, trust_coefficient=0.02), LARS(reference, lr=1.0,
+                                                                   trust_coefficient=0.02)
+    for p, q, g in zip(params, reference, grads_for(0), strict=True):
+        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
+        q.grad = g.clone()
+    opt.step()
+    ref.step()
+    for p, q in zip(params, reference, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_kernel_bits_do_not_depend_on_the_thread_count(lars_path):
+    runs = []
+    for threads in (1, 2, 3):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            runs.append(layout_run(True, dtype=torch.float32))
+        finally:
+            torch.set_num_threads(before)
+    for params, _, ratios in runs[1:]:
+        assert all(torch.equal(p, q) for p, q in zip(params, runs[0][0], strict=True))
+        assert all(torch.equal(r, s) for r, s in zip(ratios, runs[0][2], strict=True))
+
+
+def test_kernel_matches_the_eager_path(monkeypatch, lars_path):
+    if lars_path == "eager":
+        pytest.skip("compares the two paths once")
+    kernel, _, kernel_ratios = layout_run(True, steps=4)
+    monkeypatch.setattr(lars_kernel, "_KERNELS", None)
+    eager, _, eager_ratios = layout_run(True, steps=4)
+    for p, q in zip(kernel, eager, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kernel_ratios[-1], eager_ratios[-1], rtol=1e-6, atol=0)
+
+
+def test_step_bumps_the_version_of_weights_and_buffers():
+    """Autograd sees the in-place update (an old graph using the weight then refuses to run)."""
+    params = make_params(torch.float32)
+    opt = LARS(params, lr=1.0)
+    for p, g in zip(params, grads_for(0, torch.float32), strict=True):
+        p.grad = g
+    opt.step()
+    versions = [p._version for p in params]
+    opt.step()
+    assert all(p._version > v for p, v in zip(params, versions, strict=True))
+
+
+def test_channels_last_weights_step_like_contiguous_ones():
+    dense, channels_last = ConvBN(), ConvBN()
+    channels_last.load_state_dict(dense.state_dict())
+    channels_last.to(memory_format=torch.channels_last)
+    assert channels_last.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(4, 3, 6, 6)
+    for model in (dense, channels_last):
+        opt = LARS(model.parameters(), lr=1.0, trust_coefficient=0.02)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    for p, q in zip(dense.parameters(), channels_last.parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("change", [None, "in_place", "new_storage", "load_state_dict"])
+def test_kept_weight_norms_give_the_bits_of_a_fresh_norm(change, lars_path):
+    """The kernel keeps ‖w‖² from its update for the next step; a weight changed in between
+    (in place, moved to new storage, loaded) is measured again."""
+    kept, fresh = make_params(torch.float32), make_params(torch.float32)
+    opts = [LARS(ps, lr=1.0, trust_coefficient=0.02) for ps in (kept, fresh)]
+    for step in range(4):
+        for ps in (kept, fresh):
+            for p, g in zip(ps, grads_for(step, torch.float32), strict=True):
+                p.grad = g
+            if step == 2 and change is not None:
+                with torch.no_grad():
+                    scaled = {i: p * 1.5 for i, p in enumerate(ps)}
+                    if change == "in_place":
+                        ps[0].mul_(1.5)
+                    elif change == "new_storage":
+                        ps[0].data = scaled[0]
+                    else:
+                        holder = nn.ParameterList(ps)
+                        holder.load_state_dict({str(i): t for i, t in scaled.items()})
+        opts[1]._weight_norms.clear()  # measured afresh at every step
+        for opt in opts:
+            opt.step()
+        for p, q in zip(kept, fresh, strict=True):
+            assert torch.equal(p.detach(), q.detach()), f"step {step}"
+        assert torch.equal(opts[0].trust_ratios(), opts[1].trust_ratios())

@@ -121,7 +121,8 @@ def test_unknown_model_error_lists_the_choices() -> None:
         create_model("vgg16", 10)
     assert str(error.value) == (
         "unknown model 'vgg16'; choose one of: "
-        "alexnet, alexnet_bn, resnet18, resnet50, small_cnn, small_resnet"
+        "alexnet, alexnet_bn, resnet18, resnet50, small_cnn, small_resnet, "
+        "or timm:NAME / torchvision:NAME"
     )
     with pytest.raises(ValueError, match="unknown model 'x'"):
         model_spec("x")
@@ -370,7 +371,7 @@ def test_models_command_lists_every_model_with_its_options(capsys) -> None:
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.splitlines()
     names = [line.split()[0] for line in lines if not line.startswith(" ")]
-    assert names == model_names()
+    assert names == model_names() + ["timm:NAME", "torchvision:NAME"]
     alexnet_options = lines[names.index("alexnet") * 2 + 1]
     assert "model.options" in alexnet_options
     assert "init=caffe" in alexnet_options and "input_scale=auto" in alexnet_options

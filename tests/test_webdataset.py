@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from imagegen import GOOD_SPECS, encode_image, make_image_folder, smooth_pixels
+from launch import run_bigbatch, summary
 
 from bigbatch.commands import main as cli_main
 from bigbatch.data import build_datasets, webdataset
@@ -205,6 +206,11 @@ def test_index_is_cached_beside_the_shards_and_rebuilt_when_a_shard_changes(
     write_shard(folder / "train-0002.tar", good_samples(50, 3, np.random.default_rng(1)))
     changed = WebDatasetImages(shard_paths(folder, "train"), image_size=SIZE)
     assert scans[3:] == ["train-0002.tar"] and len(changed) == len(first) - 5
+    damaged = folder / "train-0001.tar.index.npz"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # e.g. a writer killed mid-way
+    repaired = WebDatasetImages(shard_paths(folder, "train"), image_size=SIZE)
+    assert scans[4:] == ["train-0001.tar"] and np.array_equal(repaired.keys, changed.keys)
+    assert not list(folder.glob(".*partial"))
 
 
 def test_read_only_shards_keep_their_index_in_the_cache_folder(
@@ -326,3 +332,19 @@ def test_config_needs_shards(tmp_path: Path) -> None:
     write_shard(empty, [])
     with pytest.raises(DataError, match="no samples"):
         WebDatasetImages([empty])
+
+
+@pytest.mark.slow
+def test_train_on_shards_named_by_pattern_with_validation_shards(shards: Path,
+                                                                   tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = run_bigbatch([
+        "train", "--dataset", "webdataset", "--data", f"{shards}/train-{{0000..0002}}.tar",
+        "--set", f"data.val_path={shards}/val-0000.tar", "--model", "small_cnn",
+        "--batch-size", "8", "--micro-batch", "4", "--epochs", "1", "--warmup-epochs", "0",
+        "--lr", "0.1", "--set", "data.image_size=32", "--set", "data.workers=1",
+        "--set", "precision=fp32", "--out", str(out)])
+    result = summary(out)
+    assert result["steps"] == 3 and result["top1"] is not None
+    assert 1 <= result["skipped_images"] <= 5
+    assert "train-0001.tar:" in run.stderr

@@ -14,7 +14,7 @@ from bigbatch.data.loader import default_workers
 from bigbatch.distributed import DistContext
 from bigbatch.errors import ConfigError
 from bigbatch.geometry import BatchGeometry
-from bigbatch.models import create_model, model_spec
+from bigbatch.models import create_model, default_image_size
 from bigbatch.optim import LRSchedule, build_optimizer, scale_lr
 
 
@@ -23,7 +23,7 @@ def image_size_for(cfg: RunConfig) -> int | None:
         return cfg.data.image_size
     if cfg.data.name == "fashion-mnist":
         return None
-    return model_spec(cfg.model.name).default_image_size
+    return default_image_size(cfg.model.name, cfg.model.options)
 
 
 def datasets_for(cfg: RunConfig, uint8_train: bool = False):

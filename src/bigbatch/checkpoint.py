@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bigbatch.distributed import DistContext, all_gather_object, broadcast_object
 from bigbatch.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -176,3 +177,50 @@ def clean_temporaries(folder: Path) -> None:
     if folder.is_dir():
         for stray in folder.glob(".checkpoint-step*.pt.tmp-*"):
             stray.unlink(missing_ok=True)
+
+
+def digest_of(path: Path) -> bytes:
+    """The payload's SHA-256 as stored in the file's header (b"" when there is no header)."""
+    with open(path, "rb") as file:
+        header = file.read(_HEADER.size)
+    return _HEADER.unpack(header)[2] if len(header) == _HEADER.size else b""
+
+
+def load_agreed_latest(folder: Path, ctx: DistContext) -> tuple[Path, dict[str, Any]] | None:
+    """``--resume auto`` on every rank: the checkpoint rank 0 chooses, or None to start afresh.
+
+    Each rank looking for its own latest file would, on a file system that is not shared or
+    lags, resume ranks from different steps. So rank 0 alone picks the newest checkpoint that
+    loads and broadcasts its name and SHA-256; every other rank loads that file from its own
+    view of ``folder`` and checks it holds the same bytes. If any rank cannot, every rank stops
+    with the same one-line CheckpointError naming the rank and the file (no rank trains on).
+    """
+    found, choice = None, None
+    if ctx.is_main:
+        clean_temporaries(folder)
+        found = load_latest_valid(folder)
+        choice = None if found is None else (found[0].name, digest_of(found[0]))
+    choice = broadcast_object(choice, ctx)
+    if choice is None:
+        return None
+    name, digest = choice
+    problem = None
+    if not ctx.is_main:
+        found, problem = _load_same(folder / name, digest)
+    problems = [(rank, text) for rank, text in enumerate(all_gather_object(problem, ctx)) if text]
+    if problems:
+        rank, text = problems[0]
+        raise CheckpointError(f"rank {rank} cannot resume from {name}, the checkpoint rank 0 "
+                              f"chose: {text}; every rank must see the same checkpoint folder")
+    return found
+
+
+def _load_same(path: Path, digest: bytes) -> tuple[tuple[Path, dict[str, Any]] | None, str | None]:
+    """((path, state), None) if ``path`` loads and has SHA-256 ``digest``, else (None, why)."""
+    try:
+        state = load(path)
+    except CheckpointError as error:
+        return None, str(error)
+    if digest_of(path) != digest:
+        return None, f"its {path} holds other bytes than rank 0's (SHA-256 differs)"
+    return (path, state), None

@@ -315,6 +315,7 @@ def _check_choices(cfg: RunConfig) -> None:
     from bigbatch.train.nonfinite import POLICIES
 
     _check_choice("data.name", cfg.data.name, DATASETS)
+    _check_model(cfg.model.name)
     _check_choice("data.on_broken", cfg.data.on_broken, ON_BROKEN)
     _check_choice("optim.name", cfg.optim.name, OPTIMIZERS)
     _check_choice("optim.lr_scaling", cfg.optim.lr_scaling, SCALING_RULES)
@@ -328,6 +329,15 @@ def _get_dotted(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+def _check_model(name: str) -> None:
+    from bigbatch.models import model_spec  # torch, and timm for timm: names
+
+    try:
+        model_spec(name)
+    except ValueError as error:
+        raise ConfigError(f"'model.name': {error}") from None
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

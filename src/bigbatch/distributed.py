@@ -238,6 +238,15 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
     return holder[0]
 
 
+def all_gather_object(obj: object, ctx: DistContext) -> list[object]:
+    """Every rank's Python object, in rank order, on every rank."""
+    if not ctx.distributed:
+        return [obj]
+    gathered: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()

@@ -22,6 +22,7 @@ def run_recipes(args: argparse.Namespace) -> int:
 
 def run_models(args: argparse.Namespace) -> int:
     from bigbatch.models import model_names, model_spec
+    from bigbatch.models.external import HELP
 
     for name in model_names():
         spec = model_spec(name)
@@ -30,6 +31,8 @@ def run_models(args: argparse.Namespace) -> int:
             defaults = ", ".join(f"{key}={_option_text(value)}"
                                  for key, value in spec.options.items())
             print(f"{'':16s} options (--set model.options.NAME=VALUE): {defaults}")
+    for name, text in HELP:
+        print(f"{name:16s} {text}")
     return 0
 
 

@@ -19,7 +19,7 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     ),
     "out": ("out", str, "run directory (config, metrics, checkpoints, summary, weights)"),
     "model": ("model.name", str, "model name (see `bigbatch models`)"),
-    "optimizer": ("optim.name", str, "lars or sgd"),
+    "optimizer": ("optim.name", str, "lars, lamb or sgd"),
     "batch_size": ("global_batch", int, "global batch B (all processes, all accumulation steps)"),
     "micro_batch": (
         "micro_batch",
@@ -97,7 +97,9 @@ def values_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_train(args: argparse.Namespace) -> int:
     from bigbatch.config import resolve_config
+    from bigbatch.train.preemption import catch_early
 
+    catch_early()  # a preemption signal before or after the training loop must not kill the run
     cfg = resolve_config(args.recipe, args.config, args.overrides, values_from_flags(args))
     from bigbatch.distributed import init_distributed, shutdown  # torch: once the config is valid
     from bigbatch.train import NonFiniteLoss, Preempted, train

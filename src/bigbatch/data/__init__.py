@@ -2,7 +2,7 @@
 
 Every data set is map-style and keyed by (example index, epoch); ``__getitems__`` returns a
 :class:`Batch`. Data order and augmentation are functions of (seed, epoch, index) only
-(docs/design.md, principle 1).
+(so a run is the same at any world size).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from bigbatch.data.base import ON_BROKEN
 from bigbatch.data.batch import Batch
 from bigbatch.data.fashion_mnist import FashionMNIST, locate_fashion_mnist
 from bigbatch.data.imagefolder import ImageFolderData
@@ -24,6 +23,7 @@ from bigbatch.data.webdataset import WebDatasetImages, split_shards
 from bigbatch.errors import ConfigError, DataError
 
 DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic", "webdataset")
+ON_BROKEN = ("skip", "error")
 DEFAULT_IMAGE_SIZE = 224
 
 

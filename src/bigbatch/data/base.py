@@ -5,7 +5,7 @@ A subclass sets ``labels`` (one int64 per example) and implements ``encoded(inde
 example's encoded image bytes) and ``describe(index)`` (how messages name the example); it may
 override ``load_image`` when its examples are not encoded images. Augmentation comes from
 ``transforms.example_crop``, so an example's pixels are a function of (seed, epoch, index) only,
-whatever the worker, batch or number of processes (docs/design.md, principle 1).
+whatever the worker, batch or number of processes.
 """
 
 from __future__ import annotations
@@ -121,13 +121,6 @@ class IndexedImages(Dataset):
         if not len(batch):
             raise DataError(f"cannot read {self.noun} {batch.skipped[0]} (see the warning above)")
         return batch.images[0], int(batch.labels[0])
-
-
-def strided_subset(total: int, subset: int) -> np.ndarray:
-    """``subset`` indices spread evenly over a class-sorted list, so every class keeps examples."""
-    if not 1 <= subset <= total:
-        raise ConfigError(f"train subset {subset} is outside 1..{total}; pick a smaller subset")
-    return (np.arange(subset, dtype=np.int64) * total) // subset
 
 
 class MappedFiles:

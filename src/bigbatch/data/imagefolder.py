@@ -3,8 +3,7 @@
 Decoding is libjpeg-turbo (torchvision.io) or PIL with JPEG draft mode (DCT scaling) when that
 loses no output resolution, and crop + resize is one resampling of the crop box (data/decode.py).
 Augmentation parameters are drawn from example_generator(seed, epoch, index), so an example's
-crop does not depend on the worker, the batch or the number of processes (docs/design.md,
-principle 1).
+crop does not depend on the worker, the batch or the number of processes.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.base import IndexedImages, strided_subset
+from bigbatch.data.base import IndexedImages
 from bigbatch.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -91,6 +90,13 @@ def scan_split(split_dir: Path, class_names: list[str] | None
     return encoded, np.array(labels, dtype=np.int64), classes, ignored
 
 
+def strided_subset(total: int, subset: int) -> np.ndarray:
+    """``subset`` indices spread evenly over a class-sorted list, so every class keeps examples."""
+    if not 1 <= subset <= total:
+        raise ConfigError(f"train subset {subset} is outside 1..{total}; pick a smaller subset")
+    return (np.arange(subset, dtype=np.int64) * total) // subset
+
+
 class ImageFolderData(IndexedImages):
     """Map-style image folder keyed by (index, epoch); ``__getitems__`` returns a Batch.
 
@@ -139,9 +145,8 @@ class ImageFolderData(IndexedImages):
     def path(self, index: int) -> Path:
         return self.split_dir / os.fsdecode(self.files[index])
 
-    def encoded(self, index: int) -> bytes:
-        with open(self.path(index), "rb") as handle:
-            return handle.read()
-
     def describe(self, index: int) -> str:
         return str(self.path(index))
+
+    def encoded(self, index: int) -> bytes:
+        return self.path(index).read_bytes()

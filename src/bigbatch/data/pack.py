@@ -36,6 +36,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -46,8 +47,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bigbatch.data.base import ON_BROKEN, IndexedImages, MappedFiles, strided_subset
-from bigbatch.data.imagefolder import check_data_root, scan_split
+from bigbatch.data.base import ON_BROKEN, IndexedImages, MappedFiles
+from bigbatch.data.imagefolder import check_data_root, scan_split, strided_subset
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
     Box,
@@ -210,12 +211,20 @@ def pack_split(source: Path, split: str, target: Path, class_names: list[str] | 
 
 def write_index(path: Path, arrays: dict[str, np.ndarray], sources: np.ndarray,
                 meta: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        np.savez(handle, **arrays, source=sources, meta=np.array(json.dumps(meta)))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+    """Write an index .npz atomically: into a temporary file of its own (processes writing
+    the same index at once do not share it), then renamed over ``path``."""
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                           suffix=".partial")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            np.savez(handle, **arrays, source=sources, meta=np.array(json.dumps(meta)))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
 def install_split(built: Path, final: Path) -> None:
@@ -225,20 +234,6 @@ def install_split(built: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(built, final)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def check_writer_options(on_broken: str, short_side: int, quality: int,
-                         workers: int | None) -> int:
-    """Check the options every shard writer shares; return the number of decoding processes
-    (``workers``, or all cores this process may use)."""
-    if on_broken not in ON_BROKEN:
-        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
-    if short_side < 1 or not 1 <= quality <= 100:
-        raise ConfigError(f"short_side must be positive and quality in 1..100, got "
-                          f"{short_side} and {quality}")
-    if workers is not None:
-        return workers
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
 def pack_imagefolder(src_root: str | os.PathLike, dst_root: str | os.PathLike, *,
@@ -262,8 +257,14 @@ def pack_imagefolder(src_root: str | os.PathLike, dst_root: str | os.PathLike, *
     """
     if encoding not in ENCODINGS:
         raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
-    workers = check_writer_options(on_broken, short_side, quality, workers)
+    if on_broken not in ON_BROKEN:
+        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
+    if short_side < 1 or not 1 <= quality <= 100:
+        raise ConfigError(f"short_side must be positive and quality in 1..100, got "
+                          f"{short_side} and {quality}")
     source, target_root = Path(src_root), Path(dst_root)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     target_root.mkdir(parents=True, exist_ok=True)
     summary = PackSummary(root=target_root)
     class_names: list[str] | None = None
@@ -376,14 +377,16 @@ class PackedImages(IndexedImages):
         self.root = Path(root)
         self.split = split
         self.index = read_index(self.root / split)
-        total = len(self.index.label)
-        self.rows = strided_subset(total, subset) if subset is not None else np.arange(total)
+        rows = np.arange(len(self.index.label))
+        if subset is not None:
+            rows = rows[strided_subset(len(rows), subset)]
+        self.rows = rows
         self.labels = self.index.label[self.rows]
         self.classes: list[str] = list(self.index.meta["classes"])
         self.num_classes = len(self.classes)
         self.encoding: str = self.index.meta["encoding"]
-        shards = int(self.index.shard.max()) + 1 if total else 0
-        self.shards = MappedFiles([shard_file(self.index.folder, n) for n in range(shards)])
+        self.shards = MappedFiles([shard_file(self.index.folder, shard)
+                                   for shard in range(self.index.meta["shards"])])
 
     def source(self, index: int) -> str:
         """The original image's path relative to its split folder (for messages)."""
@@ -395,12 +398,11 @@ class PackedImages(IndexedImages):
     def record(self, index: int) -> np.ndarray:
         """The stored bytes of example ``index`` (a view into the memory-mapped shard)."""
         row = self.rows[index]
-        shard = int(self.index.shard[row])
-        offset = int(self.index.offset[row])
+        shard, offset = int(self.index.shard[row]), int(self.index.offset[row])
         data = self.shards.read(shard, offset, int(self.index.size[row]))
         expected = self.index.crc32
         if expected is not None and zlib.crc32(data) != int(expected[row]):
-            raise ValueError(f"record at byte {offset} of {shard_file(self.index.folder, shard)} "
+            raise ValueError(f"record at byte {offset} of {self.shards.paths[shard]} "
                              "fails its CRC-32 check (the shard is damaged)")
         return data
 

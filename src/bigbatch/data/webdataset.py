@@ -30,14 +30,15 @@ import os
 import re
 import tarfile
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bigbatch.data.base import BrokenExample, IndexedImages, MappedFiles, strided_subset
-from bigbatch.data.imagefolder import IMAGE_EXTENSIONS
+from bigbatch.data.base import BrokenExample, IndexedImages, MappedFiles
+from bigbatch.data.imagefolder import IMAGE_EXTENSIONS, strided_subset
 from bigbatch.data.pack import write_index
 from bigbatch.errors import DataError
 
@@ -284,8 +285,8 @@ def read_cached_index(path: Path, stamp: dict) -> ShardIndex | None:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except (OSError, ValueError, KeyError):
-        return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None  # missing or damaged: built again
     if meta != stamp:
         return None
     return ShardIndex(key=arrays.pop("source"), **arrays)

@@ -4,6 +4,9 @@ description) so that recipes, the CLI and the tests can enumerate and build them
 A builder has the signature ``builder(num_classes, in_channels, *, option=default, ...)``:
 its keyword-only parameters *are* the model's options, and their defaults live only there.
 ``create_model`` always passes ``in_channels`` (default 3; pass 1 for Fashion-MNIST).
+
+Names ``timm:NAME`` and ``torchvision:NAME`` are built by those libraries' factories
+(models/external.py); their options are not declared here and go to the factory unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from bigbatch.models import external
 from bigbatch.models.alexnet import alexnet, alexnet_bn
 from bigbatch.models.resnet import resnet18, resnet50
 from bigbatch.models.small import small_cnn, small_resnet
@@ -81,13 +85,27 @@ def model_names() -> list[str]:
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The registered spec of ``name``; ValueError listing the valid names if there is none."""
+    """The spec of ``name`` (registered, or timm:/torchvision:); ValueError saying what to
+    change if there is none."""
+    if external.split_name(name):
+        external.check_name(name)
+        return ModelSpec(name, external.builder(name), external.default_image_size(name),
+                         f"built by {name.split(':')[0]}'s own factory")
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(
-            f"unknown model {name!r}; choose one of: {', '.join(model_names())}"
+            f"unknown model {name!r}; choose one of: {', '.join(model_names())}, or "
+            "timm:NAME / torchvision:NAME"
         ) from None
+
+
+def default_image_size(name: str, options: Mapping[str, Any] | None = None) -> int:
+    """The input side of model ``name`` built with ``options`` (an img_size option of a
+    timm model counts)."""
+    if external.split_name(name):
+        return external.default_image_size(name, dict(options or {}))
+    return model_spec(name).default_image_size
 
 
 def _option_type_error(model: str, option: str, value: Any, default: Any) -> str | None:
@@ -138,4 +156,6 @@ def create_model(name: str, num_classes: int, in_channels: int = 3, **options: A
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+    if external.split_name(name):
+        return spec.builder(num_classes, in_channels, **options)
     return spec.builder(num_classes, in_channels, **_validated_options(spec, options))

@@ -1,4 +1,5 @@
-"""Optimizers and LR schedules: LARS (Algorithm 1 of the LARS paper), groups, schedules."""
+"""Optimizers and LR schedules: LARS (Algorithm 1 of the LARS paper), LAMB (Algorithm 2 of the LAMB
+paper), groups, schedules."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import torch
 from torch import nn
 
 from bigbatch.optim.groups import parameter_groups
+from bigbatch.optim.lamb import LAMB
 from bigbatch.optim.lars import LARS, trust_ratio
 from bigbatch.optim.schedule import LRSchedule, scale_lr
 
-OPTIMIZERS = ("lars", "sgd")
+OPTIMIZERS = ("lars", "lamb", "sgd")
 
-__all__ = ["LARS", "LRSchedule", "OPTIMIZERS", "build_optimizer", "parameter_groups",
+__all__ = ["LAMB", "LARS", "LRSchedule", "OPTIMIZERS", "build_optimizer", "parameter_groups",
            "scale_lr", "trust_ratio"]
 
 
@@ -29,13 +31,15 @@ def build_optimizer(
     exclude_bn_and_bias: bool = True,
     fused_compile: bool = False,
 ) -> torch.optim.Optimizer:
-    """The optimizer ``name`` ("lars" or "sgd") over :func:`parameter_groups` of ``model``.
+    """The optimizer ``name`` ("lars", "lamb" or "sgd") over :func:`parameter_groups` of ``model``.
 
     Both get the same groups, so with ``exclude_bn_and_bias`` the BN/bias group has no weight
     decay under SGD too. "sgd" is ``torch.optim.SGD(foreach=True)`` (LR outside the momentum
     buffer, PyTorch style; trust_coefficient, eps and clip do not apply). ``lr`` is the initial
     LR: the training loop sets ``group["lr"]`` from the schedule every step. ``fused_compile``
     runs the LARS update through torch.compile (faster per step, a one-off compile first).
+    "lamb" is :class:`LAMB` with β₁ = ``momentum`` and ε = ``eps`` (0, LARS's default, means
+    LAMB's 1e-6); trust_coefficient, clip, nesterov and fused_compile do not apply.
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; choose one of: " + ", ".join(OPTIMIZERS))
@@ -44,5 +48,8 @@ def build_optimizer(
         return LARS(groups, lr, momentum=momentum, weight_decay=weight_decay,
                     trust_coefficient=trust_coefficient, eps=eps, clip=clip, nesterov=nesterov,
                     fused_compile=fused_compile)
+    if name == "lamb":
+        return LAMB(groups, lr, betas=(momentum, 0.999), eps=eps or 1e-6,
+                    weight_decay=weight_decay)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
                            nesterov=nesterov, foreach=True)

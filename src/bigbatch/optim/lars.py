@@ -14,11 +14,15 @@ zero-initialised tensor start moving and never divides by zero. A group with ``l
 the same update with λ = 1 (plain momentum SGD, LR inside the buffer): that is how BatchNorm and
 bias tensors are excluded from adaptation (see :func:`bigbatch.optim.parameter_groups`).
 
-Implementation: multi-tensor (``torch._foreach_*``) and free of host synchronisation — the trust
-ratios stay on the device and enter the update as 0-d tensors, the zero-norm rule is a
-``torch.where``. On CPU the tensors are processed in cache-sized buckets (norms, ratios and the
-update of one bucket before the next), so the norm reads and the four in-place passes of the
-update mostly hit cache instead of streaming the whole model from memory five more times.
+Implementation. On CPU, float32/float64 tensors go through a compiled kernel
+(:mod:`bigbatch.optim.lars_kernel`, built by ``pip install``): per cache-sized bucket, the norms
+and then the update in one pass each, the weights' norms carried over from the previous update.
+Elsewhere, and where the kernel is not built, the step is multi-tensor (``torch._foreach_*``)
+and free of host synchronisation — the trust ratios stay on the device and enter the update as
+0-d tensors, the zero-norm rule is a ``torch.where``; on CPU in the same cache-sized buckets.
+Both paths give the same bits for the same values wherever the tensors lie in memory (a view
+into a DDP bucket at any offset or a fresh tensor); they differ from each other in the last bits
+(their norms sum in different orders).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from bigbatch.optim import lars_kernel
 
 # One bucket's working set is ~3x this (weights, grads, momentum buffers): it stays in a typical
 # L3 between the bucket's six passes. 1-8 MiB measured alike on ResNet-50 (docs/results).
@@ -104,6 +110,7 @@ class LARS(torch.optim.Optimizer):
         self._ratio_params: list[Tensor] = []
         self._compiled: Callable[..., Tensor | None] | None = None
         self._lr_tensors: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._weight_norms = lars_kernel.WeightNorms()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -131,6 +138,7 @@ class LARS(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        self._weight_norms.clear()
         self._ratio_parts = []
         self._ratio_params = []
 
@@ -150,6 +158,13 @@ class LARS(torch.optim.Optimizer):
             compiled = group["fused_compile"] and group["lars"]
             # The compiled graph fuses per tensor by itself: it only needs one device and dtype.
             limit = None if compiled else _bucket_limit(group, params[0].device)
+            if not compiled and limit is not None and lars_kernel.supports(params, grads, bufs):
+                ratios = lars_kernel.step(params, grads, bufs, self._weight_norms,
+                                          bucket_bytes=limit, **_update_options(group))
+                if ratios is not None:
+                    ratio_parts.append(ratios)
+                    ratio_params.extend(params)
+                continue
             for lo, hi in _bucket_bounds(params, limit):
                 update = self._compiled_update if compiled else _bucket_update
                 ratios = update(params[lo:hi], grads[lo:hi], bufs[lo:hi],

@@ -4,6 +4,13 @@ SLURM sends SIGUSR1 (with ``--signal=USR1@120``) or SIGTERM before it preempts o
 The handler only sets a flag; the training loop reduces it over ranks with the step's other
 statistics, so every rank stops after the same step, writes a checkpoint and exits with
 ``errors.EXIT_PREEMPTED`` (75, EX_TEMPFAIL: try again), which a requeued job resumes from.
+
+Both signals end a process by default, and SLURM sends its warning at a time of its choosing:
+under ``--signal=USR1@60`` it came 30-60 s into a two-minute job, which can be while a requeued
+run is still starting (loading data, joining the process group) or already in its final
+evaluation. ``catch_early`` records a signal from the start of ``bigbatch train``, so one that
+comes before the training loop stops the run after its first step (with a checkpoint), and one
+that comes after the last step lets the run finish.
 """
 
 from __future__ import annotations
@@ -29,9 +36,19 @@ class StopRequest:
     def install(self) -> StopRequest:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if _EARLY.requested and self is not _EARLY:
+            self.requested, self.signal_name = True, _EARLY.signal_name
         return self
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+_EARLY = StopRequest()
+
+
+def catch_early() -> None:
+    """Record preemption signals from now on; the training loop's StopRequest takes them over."""
+    _EARLY.install()

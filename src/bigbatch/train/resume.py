@@ -94,9 +94,7 @@ def restore(cfg: RunConfig, ctx: DistContext, run_dir: Path, model: nn.Module,
         return Position()
     folder = run_dir / "checkpoints"
     if resume == "auto":
-        if ctx.is_main:
-            checkpoint.clean_temporaries(folder)
-        found = checkpoint.load_latest_valid(folder)
+        found = checkpoint.load_agreed_latest(folder, ctx)  # rank 0 chooses for every rank
         if found is None:
             log.info("no checkpoint in %s: starting from scratch", folder)
             return Position()

@@ -46,6 +46,7 @@ from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches
 from bigbatch.data.seeding import mix64
 from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, barrier
+from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog
 from bigbatch.testing.faults import fault_hook
@@ -112,6 +113,8 @@ class Trainer:
     def _build_model(self) -> nn.Module:
         model = model_for(self.cfg, self.train_set.num_classes, self.train_set.in_channels)
         if self.cfg.sync_bn and self.ctx.distributed:
+            if self.ctx.device.type != "cuda":  # PyTorch's SyncBatchNorm runs on GPUs only
+                raise ConfigError("sync_bn=true needs CUDA GPUs; on CPU use sync_bn=false")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return model.to(self.ctx.device, memory_format=self.memory_format)
 

@@ -1,0 +1,115 @@
+"""Models built by timm's or torchvision's own factory: ``timm:NAME`` and ``torchvision:NAME``.
+
+``timm:resnet50d`` is ``timm.create_model("resnet50d", num_classes=..., in_chans=...,
+**options)``; ``torchvision:resnet101`` is ``torchvision.models.get_model("resnet101",
+num_classes=..., **options)``, whose first 3-channel convolution is replaced by one with the
+data set's channel count when that is not 3 (torchvision has no such argument). Options come
+from ``--set model.options.KEY=VALUE`` and go to the factory unchanged; no pretrained weights
+are loaded unless an option asks for them. timm is optional (``pip install timm``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from torch import nn
+
+LIBRARIES = ("timm", "torchvision")
+DEFAULT_IMAGE_SIZE = 224
+HELP = (
+    ("timm:NAME", "any timm model, built by timm.create_model (pip install timm), e.g. "
+     "timm:resnet50d, timm:vit_small_patch16_224; --set model.options.KEY=VALUE goes to it"),
+    ("torchvision:NAME", "any torchvision classification model, built by "
+     "torchvision.models.get_model, e.g. torchvision:resnet101; options go to it"),
+)
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """(library, model) of ``library:model`` for a supported library, else None."""
+    library, colon, model = name.partition(":")
+    if not colon or library not in LIBRARIES:
+        return None
+    return library, model
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError:
+        raise ValueError("timm models need timm: pip install timm") from None
+    return timm
+
+
+def check_name(name: str) -> None:
+    """ValueError with one line saying what to change if ``name`` names no model."""
+    library, model = split_name(name) or (None, None)
+    if library == "timm":
+        if not _timm().is_model(model):
+            raise ValueError(f"unknown timm model {model!r}; list them with "
+                             f"python -c \"import timm; print(timm.list_models('*{model[:8]}*'))\"")
+    elif library == "torchvision":
+        from torchvision import models
+
+        if model not in models.list_models(module=models):
+            raise ValueError(f"unknown torchvision classification model {model!r}; list them "
+                             "with python -c \"import torchvision; "
+                             "print(torchvision.models.list_models())\"")
+
+
+def default_image_size(name: str, options: dict[str, Any] | None = None) -> int:
+    """The input side the model expects: an ``img_size`` option, else timm's pretrained
+    config or torchvision's default weights' crop size, else 224."""
+    options = options or {}
+    if isinstance(options.get("img_size"), int):
+        return options["img_size"]
+    library, model = split_name(name) or (None, None)
+    try:
+        if library == "timm":
+            return int(_timm().get_pretrained_cfg(model).input_size[-1])
+        if library == "torchvision":
+            from torchvision import models
+
+            return int(models.get_model_weights(model).DEFAULT.transforms().crop_size[0])
+    except (AttributeError, ValueError, KeyError, TypeError, IndexError):
+        pass
+    return DEFAULT_IMAGE_SIZE
+
+
+def create(name: str, num_classes: int, in_channels: int = 3, **options: Any) -> nn.Module:
+    """Build ``library:model`` with its library's factory (see the module doc)."""
+    check_name(name)
+    library, model = split_name(name)
+    try:
+        if library == "timm":
+            return _timm().create_model(model, num_classes=num_classes, in_chans=in_channels,
+                                        **options)
+        from torchvision import models
+
+        return with_input_channels(models.get_model(model, num_classes=num_classes, **options),
+                                   in_channels)
+    except TypeError as error:
+        raise ValueError(f"{name} does not accept the options {sorted(options)}: {error}") from None
+
+
+def with_input_channels(model: nn.Module, in_channels: int) -> nn.Module:
+    """``model`` with its first 3-channel Conv2d rebuilt for ``in_channels`` inputs."""
+    if in_channels == 3:
+        return model
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Conv2d) and module.in_channels == 3 and module.groups == 1:
+            owner_path, _, attribute = path.rpartition(".")
+            setattr(model.get_submodule(owner_path), attribute, _conv_like(module, in_channels))
+            return model
+    raise ValueError(f"{type(model).__name__} has no 3-channel first convolution to adapt to "
+                     f"{in_channels} input channels")
+
+
+def _conv_like(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
+    return nn.Conv2d(in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                     conv.padding, conv.dilation, 1, conv.bias is not None, conv.padding_mode)
+
+
+def builder(name: str):
+    """A registry builder ``(num_classes, in_channels, **options)`` for ``name``."""
+    return partial(create, name)

@@ -1,0 +1,134 @@
+"""LAMB: layer-wise adaptive moments, Algorithm 2 of You et al., "Large Batch Optimization for Deep
+Learning: Training BERT in 76 Minutes" (ICLR 2020).
+
+For every parameter tensor x with gradient g at step t (t = 1, 2, ...), LR η (``group["lr"]``, set
+each step by the schedule), β₁, β₂, ε and weight decay λ:
+
+    m ← β₁·m + (1 − β₁)·g             v ← β₂·v + (1 − β₂)·g²
+    r = m̂ / (√v̂ + ε)                  m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ)
+    u = r + λ·x
+    x ← x − η · φ(‖x‖) / ‖u‖ · u      φ the identity; the ratio is 1 if ‖x‖ = 0 or ‖u‖ = 0
+
+A group with ``lars=False`` (the key :func:`bigbatch.optim.parameter_groups` sets for BatchNorm
+and bias tensors) takes the step without the ratio (x ← x − η·u), as LARS's excluded group does.
+
+Multi-tensor (``torch._foreach_*``) and free of host synchronisation: the ratios stay on the
+device, the bias corrections come from a host-side step count. On CPU the tensors go in
+cache-sized buckets, as LARS's eager path does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
+
+
+class LAMB(torch.optim.Optimizer):
+    """LAMB optimizer (Algorithm 2 of the LAMB paper, φ the identity).
+
+    Args:
+        params: parameters or parameter-group dicts (group keys override the defaults; unknown
+            keys such as ``"names"`` ride along).
+        lr: η (the schedule overwrites ``group["lr"]`` every step).
+        betas: (β₁, β₂), default (0.9, 0.999).
+        eps: ε, added to √v̂, default 1e-6.
+        weight_decay: λ, default 0.01, added to the Adam step before the trust ratio.
+        lars: group key, default True; False skips the trust ratio for the group's tensors.
+        bucket_bytes: cache-blocking size on CPU (as for LARS), None: 4 MiB on CPU.
+
+    State per parameter: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``step`` (t, a host integer).
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, *, bucket_bytes: int | None = None) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, lars=True,
+                        bucket_bytes=bucket_bytes)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            _check_hyperparameters(group)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One LAMB step over every group; returns the closure's loss if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, avgs, avg_sqs, steps = self._tensors_with_grad(group)
+            if not params:
+                continue
+            limit = _bucket_limit(group, params[0].device)
+            for lo, hi in _bucket_bounds(params, limit):
+                _bucket_update(params[lo:hi], grads[lo:hi], avgs[lo:hi], avg_sqs[lo:hi],
+                               steps[lo:hi], group)
+        return loss
+
+    def _tensors_with_grad(self, group: dict[str, Any]) -> tuple[list[Any], ...]:
+        params, grads, avgs, avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("LAMB does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            params.append(p)
+            grads.append(p.grad)
+            avgs.append(state["exp_avg"])
+            avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        return params, grads, avgs, avg_sqs, steps
+
+
+def _check_hyperparameters(group: dict[str, Any]) -> None:
+    beta1, beta2 = group["betas"]
+    if not group["lr"] >= 0.0:
+        raise ValueError(f"LAMB lr must be >= 0, got {group['lr']}")
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"LAMB betas must be in [0, 1), got {group['betas']}")
+    if not group["eps"] > 0.0:
+        raise ValueError(f"LAMB eps must be > 0, got {group['eps']}")
+    if not group["weight_decay"] >= 0.0:
+        raise ValueError(f"LAMB weight_decay must be >= 0, got {group['weight_decay']}")
+
+
+def _bucket_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
+                   avg_sqs: list[Tensor], steps: list[int], group: dict[str, Any]) -> None:
+    """Algorithm 2 on a list of same-device, same-dtype tensors."""
+    beta1, beta2 = group["betas"]
+    torch._foreach_lerp_(avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(avg_sqs, beta2)
+    torch._foreach_addcmul_(avg_sqs, grads, grads, value=1.0 - beta2)
+    # r = (m / (1 − β₁ᵗ)) / (√v / √(1 − β₂ᵗ) + ε)
+    denom = torch._foreach_sqrt(avg_sqs)
+    torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in steps])
+    torch._foreach_add_(denom, group["eps"])
+    update = torch._foreach_div(avgs, [1.0 - beta1**t for t in steps])
+    torch._foreach_div_(update, denom)
+    if group["weight_decay"] != 0.0:
+        torch._foreach_add_(update, params, alpha=group["weight_decay"])
+    if not group["lars"]:
+        torch._foreach_add_(params, update, alpha=-group["lr"])
+        return
+    ratios = lamb_trust_ratio(torch.stack(torch._foreach_norm(params)),
+                              torch.stack(torch._foreach_norm(update)))
+    torch._foreach_mul_(update, (ratios * -group["lr"]).unbind(0))
+    torch._foreach_add_(params, update)
+
+
+def lamb_trust_ratio(w_norm: Tensor, u_norm: Tensor) -> Tensor:
+    """φ(‖x‖)/‖u‖ with φ the identity, and 1 where ‖x‖ = 0 or ‖u‖ = 0 (no host sync)."""
+    ratio = w_norm / u_norm
+    return torch.where((w_norm > 0) & (u_norm > 0), ratio, torch.ones_like(ratio))

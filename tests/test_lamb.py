@@ -1,0 +1,168 @@
+"""LAMB against a float64 hand computation of Algorithm 2 and against timm's Lamb."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from timm.optim import Lamb
+from torch import nn
+
+from bigbatch.optim import LAMB, build_optimizer
+
+SHAPES = [(6, 4), (3, 2, 3, 3), (5,), (7, 1)]
+LRS = [0.01, 0.02, 0.05, 0.03, 0.01]
+
+
+def make_params(seed: int = 0) -> list[nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    params = [nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in SHAPES]
+    with torch.no_grad():
+        params[2].zero_()  # a zero-initialised bias: ratio 1 where it is adapted
+    return params
+
+
+def grads_for(step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return [torch.randn(s, generator=gen, dtype=torch.float64) * (0.1 + step) for s in SHAPES]
+
+
+def hand_lamb(steps: int, adapted: list[bool], decays: list[float], beta1=0.9, beta2=0.999,
+              eps=1e-6) -> list[torch.Tensor]:
+    """Algorithm 2, one tensor at a time, the norms as Python floats."""
+    xs = [p.detach().clone() for p in make_params()]
+    ms = [torch.zeros_like(x) for x in xs]
+    vs = [torch.zeros_like(x) for x in xs]
+    for t in range(1, steps + 1):
+        for i, g in enumerate(grads_for(t - 1)):
+            ms[i] = beta1 * ms[i] + (1 - beta1) * g
+            vs[i] = beta2 * vs[i] + (1 - beta2) * g * g
+            r = (ms[i] / (1 - beta1**t)) / ((vs[i] / (1 - beta2**t)).sqrt() + eps)
+            u = r + decays[i] * xs[i]
+            x_norm, u_norm = math.sqrt(float((xs[i] ** 2).sum())), math.sqrt(float((u**2).sum()))
+            ratio = x_norm / u_norm if adapted[i] and x_norm > 0 and u_norm > 0 else 1.0
+            xs[i] = xs[i] - LRS[t - 1] * ratio * u
+    return xs
+
+
+def run(opt: torch.optim.Optimizer, params: list[nn.Parameter], steps: int) -> None:
+    for step in range(steps):
+        for p, g in zip(params, grads_for(step), strict=True):
+            p.grad = g
+        for group in opt.param_groups:
+            group["lr"] = LRS[step]
+        opt.step()
+
+
+def groups(params: list[nn.Parameter], wd: float = 0.01) -> list[dict]:
+    """BN/bias-style exclusion: matrices adapted and decayed, vectors neither."""
+    return [{"params": [p for p in params if p.ndim > 1], "weight_decay": wd},
+            {"params": [p for p in params if p.ndim <= 1], "lars": False, "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("exclusion", [False, True])
+def test_update_equals_algorithm_2_by_hand_over_several_steps(exclusion):
+    params = make_params()
+    start = [p.detach().clone() for p in params]
+    opt = LAMB(groups(params) if exclusion else params, lr=LRS[0], weight_decay=0.01)
+    run(opt, params, 5)
+    adapted = [p.ndim > 1 or not exclusion for p in params]
+    decays = [0.01 if a else 0.0 for a in adapted]
+    for p, x, x0 in zip(params, hand_lamb(5, adapted, decays), start, strict=True):
+        assert (x - x0).abs().max() > 1e-3
+        torch.testing.assert_close(p.detach(), x, rtol=1e-12, atol=1e-12)
+    assert all(opt.state[p]["step"] == 5 for p in params)
+
+
+def test_float32_update_matches_float64_hand_computation():
+    params = [nn.Parameter(p.detach().float()) for p in make_params()]
+    opt = LAMB(params, lr=LRS[0])
+    for step in range(5):
+        for p, g in zip(params, grads_for(step), strict=True):
+            p.grad = g.float()
+        opt.param_groups[0]["lr"] = LRS[step]
+        opt.step()
+    want = hand_lamb(5, [True] * 4, [0.01] * 4)
+    for p, x in zip(params, want, strict=True):
+        torch.testing.assert_close(p.detach().double(), x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("exclusion", [False, True])
+def test_trajectory_equals_timm_lamb_without_its_global_grad_clipping(exclusion):
+    """timm's Lamb is Algorithm 2 with max_grad_norm=None (its default 1.0 first divides every
+    gradient by max(1, global norm)), non-decoupled decay, bias correction, and adaptation only
+    of tensors with weight decay (always_adapt=False) — our excluded group has none."""
+    ours, theirs = make_params(), make_params()
+    opt = LAMB(groups(ours) if exclusion else ours, lr=LRS[0], weight_decay=0.01)
+    ref = Lamb(groups(theirs) if exclusion else theirs, lr=LRS[0], weight_decay=0.01,
+               max_grad_norm=None, eps=1e-6)
+    run(opt, ours, 5)
+    run(ref, theirs, 5)
+    for p, q in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_timm_default_clipping_is_another_update():
+    ours, theirs = make_params(), make_params()
+    run(LAMB(ours, lr=LRS[0]), ours, 2)
+    run(Lamb(theirs, lr=LRS[0]), theirs, 2)  # max_grad_norm=1.0; these gradients' norm is > 1
+    assert max((p - q).abs().max() for p, q in zip(ours, theirs, strict=True)) > 1e-4
+
+
+def test_step_needs_no_host_synchronisation(monkeypatch):
+    params = [nn.Parameter(p.detach().float()) for p in make_params()]
+    opt = LAMB(groups(params), lr=0.01)
+    for p, g in zip(params, grads_for(0), strict=True):
+        p.grad = g.float()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host synchronisation in LAMB.step")
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    opt.step()
+    opt.step()
+    monkeypatch.undo()
+    assert all(bool(torch.isfinite(p).all()) for p in params)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_step_does_not_synchronise():
+    params = [nn.Parameter(p.detach().float().cuda()) for p in make_params()]
+    opt = LAMB(groups(params), lr=0.01)
+    for p, g in zip(params, grads_for(0), strict=True):
+        p.grad = g.float().cuda()
+    opt.step()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 10**9])
+def test_cache_buckets_do_not_change_the_result(bucket_bytes):
+    reference, bucketed = make_params(), make_params()
+    run(LAMB(reference, lr=LRS[0]), reference, 3)
+    run(LAMB(bucketed, lr=LRS[0], bucket_bytes=bucket_bytes), bucketed, 3)
+    for p, q in zip(reference, bucketed, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_build_optimizer_lamb_uses_the_exclusion_groups():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    opt = build_optimizer(model, "lamb", 0.01, weight_decay=0.01)
+    assert type(opt) is LAMB
+    assert [(g["lars"], g["weight_decay"]) for g in opt.param_groups] == [(True, 0.01),
+                                                                          (False, 0.0)]
+    assert opt.defaults["eps"] == 1e-6  # LARS's eps 0 means LAMB's default
+
+
+def test_invalid_hyperparameters_are_rejected():
+    with pytest.raises(ValueError, match="betas"):
+        LAMB(make_params(), betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        LAMB(make_params(), eps=0.0)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        LAMB(make_params(), lr=-1.0)
