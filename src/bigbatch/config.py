@@ -80,6 +80,15 @@ class CheckpointConfig:
 
 
 @dataclass
+class LogConfig:
+    tensorboard: bool = False  # scalars in RUN_DIR/tensorboard/ (the 'tensorboard' extra)
+    # When stderr is not a terminal (SLURM, nohup): a progress line every N steps and at least
+    # every M seconds (0 turns either rule off); a terminal gets a progress bar instead.
+    progress_every_steps: int = 50
+    progress_every_seconds: float = 60.0
+
+
+@dataclass
 class RunConfig:
     epochs: float = 10
     global_batch: int = 4096
@@ -105,6 +114,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -280,6 +290,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         "checkpoint.every_minutes",
         "max_skipped_steps",
         "seed",
+        "log.progress_every_steps",
+        "log.progress_every_seconds",
     ):
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.threads is not None:
@@ -301,6 +313,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
+    if cfg.log.tensorboard:
+        from bigbatch.train.tensorboard import check_available
+
+        check_available()
     return cfg
 
 

@@ -60,6 +60,21 @@ class MetricsLog:
             self._file = None
 
 
+class RecordSinks:
+    """Writes each record of the run to every sink (metrics.jsonl, TensorBoard)."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+
+    def write(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
 def truncate_after_step(path: Path, step: int) -> None:
     """Drop records logged after ``step`` (a resumed run logs those steps again)."""
     if not path.exists():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -48,10 +47,11 @@ from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, barrier
 from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
-from bigbatch.metrics import MetricsLog
+from bigbatch.metrics import MetricsLog, RecordSinks
 from bigbatch.testing.faults import fault_hook
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
+from bigbatch.train.progress import progress_for
 from bigbatch.train.record import (
     build_summary,
     trust_ratio_fields,
@@ -60,6 +60,7 @@ from bigbatch.train.record import (
 )
 from bigbatch.train.reduction import reduction_for
 from bigbatch.train.resume import CheckpointClock, restore, save_checkpoint
+from bigbatch.train.tensorboard import TensorBoardLog
 from bigbatch.train.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,10 @@ class Trainer:
         if ctx.is_main:
             write_start_record(cfg, self.run_dir, self.geometry, self.schedule.total_steps,
                                self.schedule.base_lr, self.position.step)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=ctx.is_main)
+        self.metrics = RecordSinks(  # every record goes to metrics.jsonl and TensorBoard
+            MetricsLog(self.run_dir / "metrics.jsonl", enabled=ctx.is_main),
+            TensorBoardLog(self.run_dir / "tensorboard", self.position.step,
+                           enabled=ctx.is_main and cfg.log.tensorboard))
         self._build_step_parts()
 
     def _build_model(self) -> nn.Module:
@@ -151,7 +155,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from the current position to the end; evaluate, write the record."""
         self.stop.install()
-        self.progress = progress_bar(self.ctx, self.schedule.total_steps, self.position.step)
+        self.progress = progress_for(self.ctx.is_main, self.cfg.log, self.schedule.total_steps,
+                                     self.position.step, self.geometry.steps_per_epoch)
         self.model.train()
         try:
             for step in range(self.position.step, self.schedule.total_steps):
@@ -245,7 +250,8 @@ class Trainer:
         finished = position.step == self.schedule.total_steps
         if position.step % self.cfg.log_every == 0 or finished:
             self.log_step(result)
-        self.show_progress(result)
+        if self.progress is not None:
+            self.progress.update(position.step, result)
         epoch_done = position.step % self.geometry.steps_per_epoch == 0
         epochs_done = position.step // self.geometry.steps_per_epoch
         if (epoch_done and epochs_done % self.cfg.eval_every == 0) or finished:
@@ -272,13 +278,6 @@ class Trainer:
             **result.timer.as_record(),
             **trust_ratio_fields(self.optimizer, self.parameter_names),
         })
-
-    def show_progress(self, result: StepResult) -> None:
-        if self.progress is None:
-            return
-        self.progress.update(1)
-        self.progress.set_postfix(loss=f"{result.loss:.3f}", lr=f"{result.lr:.3g}",
-                                  img_s=f"{result.examples / result.seconds:.0f}")
 
     def evaluate_and_log(self) -> None:
         """Top-1/top-5/loss on the validation set with the ranks' averaged BN statistics."""
@@ -355,11 +354,3 @@ def report_skipped(paths: list[str], ctx: DistContext) -> int:
     for path in paths:
         log.warning("rank %d: skipped unreadable image %s", ctx.rank, path)
     return len(paths)
-
-
-def progress_bar(ctx: DistContext, total: int, done: int):
-    if not ctx.is_main or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True)
