@@ -1,0 +1,86 @@
+"""The default recipe, whole run, with exact_reduction on 1 and 2 processes and without it on 1.
+
+    python benchmarks/exact_full_run.py                  # runs into runs/exact_full_run/
+    python benchmarks/exact_full_run.py --layouts exact-w1,exact-w2,exact-w4,default-w1
+
+Each layout is `bigbatch train` with no other arguments than the mode (the recipe's model, batch,
+LR 20, 280 steps, channels_last, the precision `auto` picks), under torchrun (gloo) for more than
+one process. A layout whose summary.json exists is not run again, so rerunning the command
+continues where it stopped. Writes docs/results/exact_reduction/full_run.json: each run's top-1,
+wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
+statistics and per-step losses are bit-identical to the 1-process exact run's; the runs'
+summary.json files are copied beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from common import REPO, RESULTS_DIR, machine_info
+
+LAYOUTS = {"exact-w1": (1, True), "exact-w2": (2, True), "exact-w4": (4, True),
+           "default-w1": (1, False)}
+
+
+def run(name: str, out: Path, source: Path) -> None:
+    processes, exact = LAYOUTS[name]
+    if (out / "summary.json").exists():
+        return
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable])
+    command = [*launcher, "-m", "bigbatch", "train", "--out", str(out), "--resume", "auto",
+               "--set", f"exact_reduction={str(exact).lower()}"]
+    env = dict(os.environ, PYTHONPATH=str(source),
+               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // processes)))
+    subprocess.run(command, env=env, check=True)
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text()
+            .splitlines() if json.loads(line)["kind"] == "train"]
+
+
+def identical(run_dir: Path, reference: Path) -> bool:
+    ours = torch.load(run_dir / "final.pt", map_location="cpu", weights_only=True)["model"]
+    theirs = torch.load(reference / "final.pt", map_location="cpu", weights_only=True)["model"]
+    same_state = ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k])
+                                                      for k in ours)
+    return same_state and losses(run_dir) == losses(reference)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layouts", default="exact-w1,exact-w2,default-w1")
+    parser.add_argument("--runs", type=Path, default=REPO / "runs" / "exact_full_run")
+    parser.add_argument("--src", type=Path, default=REPO / "src",
+                        help="the source tree to run (e.g. a snapshot of src/)")
+    args = parser.parse_args()
+    names = args.layouts.split(",")
+    for name in names:
+        run(name, args.runs / name, args.src)
+    folder = RESULTS_DIR / "exact_reduction"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"command": "python benchmarks/exact_full_run.py --layouts " + args.layouts,
+              "machine": machine_info(), "runs": {}}
+    for name in names:
+        summary = json.loads((args.runs / name / "summary.json").read_text())
+        entry = {key: summary[key] for key in ("top1", "top5", "steps", "world_size",
+                                               "wall_seconds", "peak_memory_mib")}
+        if LAYOUTS[name][1] and name != "exact-w1" and "exact-w1" in names:
+            entry["bit_identical_to_exact_w1"] = identical(args.runs / name,
+                                                           args.runs / "exact-w1")
+        record["runs"][name] = entry
+        shutil.copy(args.runs / name / "summary.json", folder / f"{name}.summary.json")
+    (folder / "full_run.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record["runs"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
