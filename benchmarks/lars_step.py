@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -131,12 +132,22 @@ def machine_info(threads: int, device: torch.device) -> dict[str, object]:
         "cpu_count": os.cpu_count(), "cpu": cpu_model(), "torch_threads": threads,
         "torch": torch.__version__, "timm": timm.__version__, "device": str(device),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
         # Other processes' load skews the timings; record it (1-minute average, end of run).
         "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
 
 
 def cpu_model() -> str:

@@ -95,7 +95,7 @@ def run_bigbatch(
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "final.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(run_dir / "final.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def train_losses(run_dir: Path) -> list[float]:

@@ -67,7 +67,7 @@ def run(raw: dict) -> dict:
 
 
 def final_weights(raw: dict) -> dict[str, torch.Tensor]:
-    return torch.load(Path(raw["out"]) / "final.pt", weights_only=False)["model"]
+    return torch.load(Path(raw["out"]) / "final.pt", weights_only=True)["model"]
 
 
 class ForwardProbe:

@@ -107,8 +107,8 @@ def uninterrupted(cluster, preemptible, tmp_path_factory) -> Path:
 
 
 def srun_train(cluster, args: list[str], tasks: int = 2):
-    # One thread per process, as in the 1-process reference (run_bigbatch): the layouts agree to
-    # rounding only at the same thread count; 2 threads against 1 differed by 7.7e-4 here.
+    # One thread per process, as in the 1-process reference (run_bigbatch): layouts are compared
+    # at the same thread count (srun's tasks would otherwise take PyTorch's default, the cores).
     return cluster.run("srun", "-n", str(tasks), "--kill-on-bad-exit=1", "bigbatch", "train",
                        *args, timeout=600, env={"OMP_NUM_THREADS": "1"})
 

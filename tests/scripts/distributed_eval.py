@@ -10,7 +10,7 @@ from bigbatch.config import config_from_dict
 from bigbatch.distributed import init_distributed, shutdown
 from bigbatch.evaluate import evaluate
 
-state = torch.load(sys.argv[1], map_location="cpu", weights_only=False)
+state = torch.load(sys.argv[1], map_location="cpu", weights_only=True)
 cfg = config_from_dict(state["config"])
 ctx = init_distributed("gloo")
 train_set, val_set = datasets_for(cfg)

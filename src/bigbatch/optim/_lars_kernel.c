@@ -100,23 +100,20 @@ static int make_plan(const int64_t *numel, int64_t count, int64_t bucket_element
     return 0;
 }
 
-/* λ of tensors [t0, t1) from ‖w‖² (w_sq[t] when known, else its chunks) and the chunks' ‖g‖²,
- * added in chunk order. */
-static void trust_ratios(const Plan *p, const int64_t *bound, const double *w_sq,
-                         const LarsOptions *o) {
-    for (int64_t t = bound[2], c = bound[0]; t < bound[3]; t++) {
-        double ws = 0.0, gs = 0.0;
-        for (; c < bound[1] && p->chunks[c].tensor == t; c++) {
-            ws += p->partial[3 * c];
-            gs += p->partial[3 * c + 1];
-        }
-        if (w_sq[t] >= 0.0) ws = w_sq[t];
-        double wn = sqrt(ws), gn = sqrt(gs), r = 1.0;
-        if (wn > 0.0 && gn > 0.0)
-            r = o->trust_coefficient * wn / (gn + o->weight_decay * wn + o->eps);
-        if (o->clip && r > 1.0) r = 1.0;
-        p->ratio[t] = r;
+/* λ of the tensor whose chunks start at chunk c: ‖w‖² (w_sq[t] when known, else its chunks')
+ * and ‖g‖² from its chunks, added in chunk order. */
+static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const LarsOptions *o) {
+    int64_t t = p->chunks[c].tensor;
+    double ws = 0.0, gs = 0.0;
+    for (; c < p->total && p->chunks[c].tensor == t; c++) {
+        ws += p->partial[3 * c];
+        gs += p->partial[3 * c + 1];
     }
+    if (w_sq[t] >= 0.0) ws = w_sq[t];
+    double wn = sqrt(ws), gn = sqrt(gs), r = 1.0;
+    if (wn > 0.0 && gn > 0.0) r = o->trust_coefficient * wn / (gn + o->weight_decay * wn + o->eps);
+    if (o->clip && r > 1.0) r = 1.0;
+    return r;
 }
 
 /* Blocks of BLOCK values, each summed in LANES fixed lanes in the values' precision (at most
@@ -163,12 +160,15 @@ static void trust_ratios(const Plan *p, const int64_t *bound, const double *w_sq
                       x = w[k] - (m * vk + d); w[k] = x)                                       \
     }                                                                                          \
                                                                                                \
-    /* The step, bucket by bucket: the chunks' norms (shared among the threads), the ratios,   \
-     * the update. Static schedules give a thread the same chunks in both loops. */            \
+    /* The step, bucket by bucket: the chunks' norms (shared among the threads; one barrier),   \
+     * then the update, each thread working out the ratio of the tensors its chunks belong to   \
+     * (the same sum in the same order whichever thread it is). */                             \
     int lars_step_##SUFFIX(T **w, T **g, T **v, const int64_t *numel, int64_t count,           \
                            const LarsOptions *o, double *w_sq, T *ratios_out) {                \
         Plan p;                                                                                \
         if (make_plan(numel, count, o->bucket_elements, &p) != 0) return -1;                   \
+        if (o->lars)                                                                           \
+            for (int64_t t = 0; t < count; t++) ratios_out[t] = (T)1; /* empty tensors */      \
         _Pragma("omp parallel num_threads(o->threads)")                                        \
         {                                                                                      \
             for (int64_t b = 0; b < p.buckets; b++) {                                          \
@@ -182,18 +182,21 @@ static void trust_ratios(const Plan *p, const int64_t *bound, const double *w_sq
                             w_sq[t] >= 0.0 ? 0.0 : sumsq_##SUFFIX(w[t] + k->start, n);         \
                         p.partial[3 * c + 1] = sumsq_##SUFFIX(g[t] + k->start, n);             \
                     }                                                                          \
-                    _Pragma("omp single")                                                      \
-                    {                                                                          \
-                        trust_ratios(&p, bound, w_sq, o);                                      \
-                        for (int64_t t = bound[2]; t < bound[3]; t++)                          \
-                            ratios_out[t] = (T)p.ratio[t];                                     \
-                    }                                                                          \
                 }                                                                              \
-                _Pragma("omp for schedule(static)")                                            \
+                int64_t tensor = -1;                                                           \
+                T cg = (T)o->lr;                                                               \
+                _Pragma("omp for schedule(static) nowait")                                     \
                 for (int64_t c = bound[0]; c < bound[1]; c++) {                                \
                     const Chunk *k = &p.chunks[c];                                             \
                     int64_t t = k->tensor, n = k->stop - k->start;                             \
-                    T cg = (o->lars ? (T)p.ratio[t] : (T)1) * (T)o->lr;                        \
+                    if (o->lars && t != tensor) {                                              \
+                        int64_t first = c;                                                     \
+                        while (first > 0 && p.chunks[first - 1].tensor == t) first--;          \
+                        T ratio = (T)trust_ratio(&p, first, w_sq, o);                          \
+                        if (first == c) ratios_out[t] = ratio;                                 \
+                        cg = ratio * (T)o->lr;                                                 \
+                        tensor = t;                                                            \
+                    }                                                                          \
                     T cw = cg * (T)o->weight_decay;                                            \
                     p.partial[3 * c + 2] =                                                     \
                         (o->nesterov ? nesterov_##SUFFIX : update_##SUFFIX)(                   \
