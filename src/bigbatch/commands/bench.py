@@ -67,8 +67,8 @@ def run_allreduce_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bigbatch.allreduce_bench``: the same command without the CLI around it."""
-    parser = argparse.ArgumentParser(prog="python -m bigbatch.allreduce_bench",
+    """``python -m bigbatch.commands.bench``: the same command without the CLI around it."""
+    parser = argparse.ArgumentParser(prog="python -m bigbatch.commands.bench",
                                      description=__doc__.split("\n\n")[0])
     add_allreduce_options(parser)
     args = parser.parse_args(argv)
