@@ -93,5 +93,5 @@ def progress_for(is_main: bool, settings: LogConfig, total: int, done: int,
         return None
     if (stream or sys.stderr).isatty():
         return ProgressBar(total, done)
-    return None and ProgressLines(total, done, steps_per_epoch, settings.progress_every_steps,
+    return ProgressLines(total, done, steps_per_epoch, settings.progress_every_steps,
                          settings.progress_every_seconds)
