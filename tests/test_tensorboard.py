@@ -2,19 +2,16 @@
 values of metrics.jsonl; a crashed and resumed run has each step once; no package, exit 2."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from launch import TINY, run_bigbatch
 
+from bigbatch.config import resolve_config, validate
+from bigbatch.errors import ConfigError
 from bigbatch.metrics import read_metrics
-
-event_accumulator = pytest.importorskip(
-    "tensorboard.backend.event_processing.event_accumulator",
-    reason="the tensorboard package (the 'tensorboard' extra) is not installed",
-)
-
-pytestmark = [pytest.mark.slow, pytest.mark.fashion_mnist]
+from bigbatch.train.tensorboard import scalars
 
 TENSORBOARD = [*TINY, "--set", "log.tensorboard=true"]
 TRAIN_TAGS = {"loss": "train/loss", "lr": "train/lr", "images_per_second":
@@ -26,6 +23,9 @@ EVAL_TAGS = {"top1": "eval/top1", "top5": "eval/top5", "loss": "eval/loss"}
 
 def read_events(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} as TensorBoard shows them."""
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="the tensorboard package (the 'tensorboard' extra) is not installed")
     reader = event_accumulator.EventAccumulator(
         str(run_dir / "tensorboard"), size_guidance={event_accumulator.SCALARS: 0})
     reader.Reload()
@@ -64,6 +64,8 @@ def finished(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.fashion_mnist
 def test_event_files_hold_the_values_of_metrics_jsonl(finished):
     events = assert_events_equal_metrics(finished)
     assert [step for step, _ in events["train/loss"]] == list(range(1, 9))
@@ -71,6 +73,8 @@ def test_event_files_hold_the_values_of_metrics_jsonl(finished):
     assert "trust_ratio/stem.0.weight" in events  # per-layer curves grouped under trust_ratio/
 
 
+@pytest.mark.slow
+@pytest.mark.fashion_mnist
 def test_a_crashed_then_resumed_run_shows_each_step_once(tmp_path):
     out = tmp_path / "run"
     args = ["train", *TENSORBOARD, "--checkpoint-every", "3", "--resume", "auto",
@@ -88,6 +92,8 @@ def test_a_crashed_then_resumed_run_shows_each_step_once(tmp_path):
     assert [step for step, _ in events["train/loss"]] == list(range(1, 9))
 
 
+@pytest.mark.slow
+@pytest.mark.fashion_mnist
 def test_without_the_package_it_is_one_line_and_exit_2(tmp_path):
     blocker = tmp_path / "blocker" / "tensorboard"
     blocker.mkdir(parents=True)
@@ -104,8 +110,6 @@ def test_without_the_package_it_is_one_line_and_exit_2(tmp_path):
 
 
 def test_scalars_names_every_number_of_a_record():
-    from bigbatch.train.tensorboard import scalars
-
     record = {"kind": "eval", "step": 4, "epoch": 1.0, "top1": 50.0, "top5": 90.0,
               "loss": 1.5, "examples": 1000}
     assert dict(scalars(record)) == {"eval/top1": 50.0, "eval/top5": 90.0, "eval/loss": 1.5}
@@ -113,3 +117,12 @@ def test_scalars_names_every_number_of_a_record():
              "trust_layers": {"a.weight": 0.5, "b.weight": 0.25}}
     assert dict(scalars(train)) == {"train/lr": 0.1, "step_time/data": 0.2, "train/trust_min": 0.3,
                                     "trust_ratio/a.weight": 0.5, "trust_ratio/b.weight": 0.25}
+
+
+def test_a_run_needs_the_package_evaluating_saved_weights_does_not(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import tensorboard: ImportError
+    with pytest.raises(ConfigError, match="bigbatch\\[tensorboard\\]"):
+        resolve_config(overrides=["log.tensorboard=true"])
+    saved = resolve_config()
+    saved.log.tensorboard = True
+    validate(saved)  # what `bigbatch eval` checks of a run's saved config

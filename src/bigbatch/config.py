@@ -313,10 +313,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
-    if cfg.log.tensorboard:
-        from bigbatch.train.tensorboard import check_available
-
-        check_available()
     return cfg
 
 
@@ -394,4 +390,9 @@ def resolve_config(
     for key, value in (values or {}).items():
         set_dotted(raw, key, value)
     raw = apply_overrides(raw, overrides or [])
-    return validate(config_from_dict(raw))
+    cfg = validate(config_from_dict(raw))
+    if cfg.log.tensorboard:  # a run's need, not the config's: `bigbatch eval` writes no events
+        from bigbatch.train.tensorboard import check_available
+
+        check_available()
+    return cfg
