@@ -9,7 +9,8 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: the LARS kernel is rebuilt by the editable install when they change.
+$(STAMP): pyproject.toml setup.py src/bigbatch/optim/_lars_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
