@@ -1,4 +1,4 @@
-"""Hardware presets for the scaling planner (plan.py): published figures, kept as data.
+"""Hardware presets for the scaling planner (bigbatch.tools.plan): published figures, kept as data.
 
 Every number carries its source. A figure read straight off a publication has
 ``estimate=False``; a figure derived from published ones (scaled by peak FLOP/s, by clock, or a
@@ -7,14 +7,14 @@ and the planner's output flags it.
 
 Device throughput is training images per second per device (forward + backward + update) for a
 named model. A model without a figure is scaled from the device's ResNet-50 figure by the ratio of
-forward FLOPs (plan.py does that and flags the result as an estimate).
+forward FLOPs (stats.py does that and flags the result as an estimate).
 
 Network figures are per node: ``bandwidth_gbit`` is the node's injection bandwidth into the
 inter-node network (all its NICs together); ``intra_bandwidth_gbit`` is one device's link
 bandwidth inside a node, per direction. The planner uses nominal link rates, so its all-reduce
 times are lower bounds (NCCL/MPI reach 70-90 % of them on large messages).
 
-Device losses in a multi-node run (plan.DeviceLosses), for the Intel Caffe presets only:
+Device losses in a multi-node run (stats.DeviceLosses), for the Intel Caffe presets only:
 
 - Per-device batch. A throughput figure is measured at one batch (``Figure.batch``); a device
   given b images per step runs at b / (b + h) of its large-batch rate, relative to the same
