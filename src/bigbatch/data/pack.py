@@ -236,6 +236,20 @@ def install_split(built: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_writer_options(on_broken: str, short_side: int, quality: int,
+                         workers: int | None) -> int:
+    """Check the options every shard writer shares; return the number of decoding processes
+    (``workers``, or all cores this process may use)."""
+    if on_broken not in ON_BROKEN:
+        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
+    if short_side < 1 or not 1 <= quality <= 100:
+        raise ConfigError(f"short_side must be positive and quality in 1..100, got "
+                          f"{short_side} and {quality}")
+    if workers is not None:
+        return workers
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
 def pack_imagefolder(src_root: str | os.PathLike, dst_root: str | os.PathLike, *,
                      short_side: int = 256, encoding: str = "jpeg", quality: int = 90,
                      splits: tuple[str, ...] = ("train", "val"),
@@ -257,14 +271,8 @@ def pack_imagefolder(src_root: str | os.PathLike, dst_root: str | os.PathLike, *
     """
     if encoding not in ENCODINGS:
         raise ConfigError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
-    if on_broken not in ON_BROKEN:
-        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
-    if short_side < 1 or not 1 <= quality <= 100:
-        raise ConfigError(f"short_side must be positive and quality in 1..100, got "
-                          f"{short_side} and {quality}")
+    workers = check_writer_options(on_broken, short_side, quality, workers)
     source, target_root = Path(src_root), Path(dst_root)
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     target_root.mkdir(parents=True, exist_ok=True)
     summary = PackSummary(root=target_root)
     class_names: list[str] | None = None

@@ -16,11 +16,15 @@ import os
 import tarfile
 from pathlib import Path
 
-from bigbatch.data.base import ON_BROKEN
 from bigbatch.data.imagefolder import check_data_root, scan_split
-from bigbatch.data.pack import DEFAULT_SHARD_BYTES, PackSummary, encoded_records
+from bigbatch.data.pack import (
+    DEFAULT_SHARD_BYTES,
+    PackSummary,
+    check_writer_options,
+    encoded_records,
+)
 from bigbatch.data.webdataset import INDEX_SUFFIX
-from bigbatch.errors import ConfigError, DataError
+from bigbatch.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +113,8 @@ def write_webdataset(src_root: str | os.PathLike, dst_root: str | os.PathLike, *
                      on_broken: str = "skip", overwrite: bool = False) -> PackSummary:
     """Write ``src_root/<split>/<class>/<image>`` as ``dst_root/<split>-NNNN.tar`` shards;
     arguments as pack.pack_imagefolder's (JPEG encoding only)."""
-    if on_broken not in ON_BROKEN:
-        raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
-    if short_side < 1 or not 1 <= quality <= 100:
-        raise ConfigError(f"short_side must be positive and quality in 1..100, got "
-                          f"{short_side} and {quality}")
+    workers = check_writer_options(on_broken, short_side, quality, workers)
     source, target = Path(src_root), Path(dst_root)
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     target.mkdir(parents=True, exist_ok=True)
     summary = PackSummary(root=target)
     class_names: list[str] | None = None
