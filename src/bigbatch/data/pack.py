@@ -170,43 +170,70 @@ def encoded_records(tasks: list[tuple[str, int, str, int]], workers: int
         yield from pool.imap(encode_record, tasks, chunksize=8)
 
 
+@dataclass
+class SourceSplit:
+    """One split of an image folder, as a shard writer reads it."""
+
+    directory: Path
+    files: np.ndarray  # paths relative to ``directory``, as bytes
+    labels: np.ndarray
+    classes: list[str]
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def scan(cls, source: Path, split: str, class_names: list[str] | None) -> SourceSplit:
+        directory = check_data_root(source, split)
+        files, labels, classes, _ = scan_split(directory, class_names)
+        return cls(directory, files, labels, classes)
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.directory, os.fsdecode(self.files[index]))
+
+    def readable(self, short_side: int, encoding: str, quality: int, workers: int,
+                 on_broken: str) -> Iterator[tuple[int, bytes, int, int]]:
+        """(index, encoded bytes, height, width) of each readable image, in order. An
+        unreadable one is logged and listed in ``skipped``, or raises DataError with
+        on_broken="error"."""
+        tasks = [(self.path(k), short_side, encoding, quality) for k in range(len(self.files))]
+        for k, (data, height, width, error) in enumerate(encoded_records(tasks, workers)):
+            if data is None:
+                if on_broken == "error":
+                    raise DataError(f"cannot read image {self.path(k)}: {error}; replace or "
+                                    "delete the file, or pack with on_broken=skip")
+                log.warning("skipping unreadable image %s: %s", self.path(k), error)
+                self.skipped.append(self.path(k))
+                continue
+            yield k, data, height, width
+
+
 def pack_split(source: Path, split: str, target: Path, class_names: list[str] | None, *,
                short_side: int, encoding: str, quality: int, shard_bytes: int, workers: int,
                on_broken: str) -> tuple[list[str], int, int, list[str]]:
     """Pack one split into ``target`` (a fresh folder). Returns (class names, images written,
     bytes written, skipped paths)."""
-    split_dir = check_data_root(source, split)
-    files, labels, classes, _ = scan_split(split_dir, class_names)
-    paths = [os.path.join(split_dir, os.fsdecode(name)) for name in files]
-    tasks = [(path, short_side, encoding, quality) for path in paths]
+    images = SourceSplit.scan(source, split, class_names)
     writer = ShardWriter(target, shard_bytes)
     columns: dict[str, list[int]] = {k: [] for k in (*COLUMNS, "crc32")}
     kept: list[bytes] = []
-    skipped: list[str] = []
     try:
-        for k, (data, height, width, error) in enumerate(encoded_records(tasks, workers)):
-            if data is None:
-                if on_broken == "error":
-                    raise DataError(f"cannot read image {paths[k]}: {error}; replace or delete "
-                                    "the file, or pack with on_broken=skip")
-                log.warning("skipping unreadable image %s: %s", paths[k], error)
-                skipped.append(paths[k])
-                continue
+        for k, data, height, width in images.readable(short_side, encoding, quality, workers,
+                                                      on_broken):
             shard, offset = writer.write(data)
             for name, value in zip(columns, (shard, offset, len(data), height, width,
-                                             int(labels[k]), zlib.crc32(data)), strict=True):
+                                             int(images.labels[k]), zlib.crc32(data)),
+                                   strict=True):
                 columns[name].append(value)
-            kept.append(files[k])
+            kept.append(images.files[k])
     finally:
         writer.close()
     if not kept:
-        raise DataError(f"no readable images in {split_dir}")
+        raise DataError(f"no readable images in {images.directory}")
     meta = {"version": FORMAT_VERSION, "encoding": encoding, "short_side": short_side,
-            "quality": quality, "classes": classes, "split": split,
-            "shards": writer.shard + 1, "skipped": skipped}
+            "quality": quality, "classes": images.classes, "split": split,
+            "shards": writer.shard + 1, "skipped": images.skipped}
     arrays = {name: np.array(values, dtype=np.int64) for name, values in columns.items()}
     write_index(target / INDEX_NAME, arrays, np.array(kept, dtype=np.bytes_), meta)
-    return classes, len(kept), writer.total, skipped
+    return images.classes, len(kept), writer.total, images.skipped
 
 
 def write_index(path: Path, arrays: dict[str, np.ndarray], sources: np.ndarray,

@@ -16,12 +16,11 @@ import os
 import tarfile
 from pathlib import Path
 
-from bigbatch.data.imagefolder import check_data_root, scan_split
 from bigbatch.data.pack import (
     DEFAULT_SHARD_BYTES,
     PackSummary,
+    SourceSplit,
     check_writer_options,
-    encoded_records,
 )
 from bigbatch.data.webdataset import INDEX_SUFFIX
 from bigbatch.errors import DataError
@@ -81,29 +80,18 @@ def write_split(source: Path, split: str, target: Path, class_names: list[str] |
                 short_side: int, quality: int, shard_bytes: int, workers: int,
                 on_broken: str) -> tuple[list[str], int, int, list[str]]:
     """Write one split's shards. Returns (class names, images, bytes, skipped paths)."""
-    split_dir = check_data_root(source, split)
-    files, labels, classes, _ = scan_split(split_dir, class_names)
-    paths = [os.path.join(split_dir, os.fsdecode(name)) for name in files]
-    tasks = [(path, short_side, "jpeg", quality) for path in paths]
+    images = SourceSplit.scan(source, split, class_names)
     writer = TarShardWriter(target, split, shard_bytes)
-    skipped: list[str] = []
     try:
-        for k, (data, _, _, error) in enumerate(encoded_records(tasks, workers)):
-            if data is None:
-                if on_broken == "error":
-                    raise DataError(f"cannot read image {paths[k]}: {error}; replace or delete "
-                                    "the file, or pack with on_broken=skip")
-                log.warning("skipping unreadable image %s: %s", paths[k], error)
-                skipped.append(paths[k])
-                continue
-            writer.write(f"{k:08d}", {"jpg": data, "cls": str(int(labels[k])).encode()})
-        if len(skipped) == len(paths):
-            raise DataError(f"no readable images in {split_dir}")
+        for k, data, _, _ in images.readable(short_side, "jpeg", quality, workers, on_broken):
+            writer.write(f"{k:08d}", {"jpg": data, "cls": str(int(images.labels[k])).encode()})
+        if len(images.skipped) == len(images.files):
+            raise DataError(f"no readable images in {images.directory}")
         writer.install()
     except BaseException:
         writer.discard()
         raise
-    return classes, len(paths) - len(skipped), writer.total, skipped
+    return images.classes, len(images.files) - len(images.skipped), writer.total, images.skipped
 
 
 def write_webdataset(src_root: str | os.PathLike, dst_root: str | os.PathLike, *,
