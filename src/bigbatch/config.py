@@ -89,6 +89,13 @@ class LogConfig:
 
 
 @dataclass
+class EvalConfig:
+    # Precise BatchNorm (bigbatch.precise_bn): before every evaluation the running statistics
+    # are replaced by their exact average over N training micro-batches; 0: the running ones.
+    bn_recompute: int = 0
+
+
+@dataclass
 class RunConfig:
     epochs: float = 10
     global_batch: int = 4096
@@ -115,6 +122,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -292,10 +300,14 @@ def validate(cfg: RunConfig) -> RunConfig:
         "seed",
         "log.progress_every_steps",
         "log.progress_every_seconds",
+        "eval.bn_recompute",
     ):
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.threads is not None:
         _check_positive("threads", cfg.threads)
+    if cfg.eval.bn_recompute and cfg.sync_bn:
+        raise ConfigError("eval.bn_recompute runs micro-batches on each process alone; it "
+                          "cannot be combined with sync_bn=true")
     BatchGeometry(cfg.global_batch, cfg.micro_batch)  # raises if B is not a multiple of b
     if cfg.schedule.warmup_epochs > cfg.epochs:
         raise ConfigError(

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bigbatch import checkpoint
-from bigbatch.build import datasets_for, model_for
-from bigbatch.config import config_from_dict, validate
+from bigbatch.build import datasets_for, geometry_for, model_for
+from bigbatch.config import RunConfig, apply_overrides, config_from_dict, validate
 from bigbatch.distributed import DistContext
-from bigbatch.errors import CheckpointError
+from bigbatch.errors import CheckpointError, ConfigError
 from bigbatch.evaluate import evaluate
+from bigbatch.precise_bn import PreciseBN
 
 
 def load_weights_file(path: str) -> dict[str, Any]:
@@ -33,16 +35,41 @@ def load_weights_file(path: str) -> dict[str, Any]:
 
 
 def evaluate_weights(
-    path: str, data_path: str | None = None, batch_size: int | None = None
+    path: str, data_path: str | None = None, batch_size: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict:
+    """Top-1, top-5 and loss of the weights in ``path`` with the BatchNorm statistics it
+    carries (final.pt of a run with eval.bn_recompute carries recomputed ones), or, with the
+    override ``eval.bn_recompute=N``, with statistics recomputed from N micro-batches of the
+    training set (bigbatch.precise_bn), as the run would have after its last step (after the
+    checkpoint's step for a checkpoint) and the result with the file's own as ``trained_*``."""
     state = load_weights_file(path)
-    cfg = config_from_dict(state["config"])
-    cfg.checkpoint.resume = None
+    cfg = eval_config(state["config"], overrides)
     if data_path is not None:
         cfg.data.path = data_path
     validate(cfg)
-    train_set, val_set = datasets_for(cfg)
+    train_set, val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
     checkpoint.load_model_state(model, state["model"], f"weights file {path}")
     ctx = DistContext(0, 1, 0, None, torch.device("cpu"))
-    return evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)
+    result = evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)
+    if not cfg.eval.bn_recompute:
+        return result
+    geometry = geometry_for(cfg, len(train_set), 1)
+    precise = PreciseBN(cfg.eval.bn_recompute, train_set, geometry, cfg.seed, ctx)
+    step = state.get("step", geometry.total_steps(cfg.epochs))
+    return precise.evaluate(
+        model, step, lambda: evaluate(model, val_set, ctx, batch_size or cfg.micro_batch),
+        result)[0]
+
+
+def eval_config(raw: dict[str, Any], overrides: Sequence[str]) -> RunConfig:
+    """The weights' run config with the `eval.*` overrides of `bigbatch eval --set` (the
+    config's own eval section is not applied: the file already carries its statistics)."""
+    raw = {**raw, "eval": {}}
+    for assignment in overrides:
+        if not assignment.strip().startswith("eval."):
+            raise ConfigError(f"bigbatch eval --set takes eval.* keys only, got '{assignment}'")
+    cfg = config_from_dict(apply_overrides(raw, list(overrides)))
+    cfg.checkpoint.resume = None
+    return cfg

@@ -74,6 +74,10 @@ def add_eval_command(commands) -> None:
     command.add_argument("--weights", required=True, help="final.pt or a checkpoint file")
     command.add_argument("--data", help="data folder, if not the one the weights were trained on")
     command.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
+    command.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="eval.* keys only, e.g. --set eval.bn_recompute=200 (BatchNorm statistics "
+             "recomputed from 200 training micro-batches)")
     command.set_defaults(handler=run_eval)
 
 
@@ -123,6 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from bigbatch.inference import evaluate_weights
 
-    result = evaluate_weights(args.weights, data_path=args.data, batch_size=args.batch_size)
+    result = evaluate_weights(args.weights, data_path=args.data, batch_size=args.batch_size,
+                              overrides=args.overrides)
     print(json.dumps(result))
     return 0

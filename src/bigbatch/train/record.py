@@ -54,6 +54,10 @@ def trust_ratio_fields(optimizer: torch.optim.Optimizer,
     return fields
 
 
+# With eval.bn_recompute: the result with the running BatchNorm statistics (bigbatch.precise_bn)
+TRAINED_FIELDS = ("bn_recompute", "trained_top1", "trained_top5", "trained_loss")
+
+
 def build_summary(cfg: RunConfig, ctx: DistContext, geometry: BatchGeometry, step: int,
                   skipped: tuple[int, int], result: dict[str, float], started: float,
                   train_seconds: float, train_images: int) -> dict[str, Any]:
@@ -62,6 +66,7 @@ def build_summary(cfg: RunConfig, ctx: DistContext, geometry: BatchGeometry, ste
         "top1": result.get("top1"),
         "top5": result.get("top5"),
         "val_loss": result.get("loss"),
+        **{key: result[key] for key in TRAINED_FIELDS if key in result},
         "epochs": geometry.epoch_of(step),
         "steps": step,
         "global_batch": cfg.global_batch,

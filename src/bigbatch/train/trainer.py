@@ -48,6 +48,7 @@ from bigbatch.distributed import DistContext, barrier
 from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog, RecordSinks
+from bigbatch.precise_bn import PreciseBN, load_statistics
 from bigbatch.testing.faults import fault_hook
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
@@ -138,6 +139,10 @@ class Trainer:
         self.stop = StopRequest()
         self.micro_batches = self._micro_batch_stream()
         self.last_eval: dict[str, float] = {}
+        self.precise_bn = (PreciseBN(cfg.eval.bn_recompute, self.train_set, self.geometry,
+                                     cfg.seed, ctx, self.workers, cfg.channels_last,
+                                     self.autocast_dtype) if cfg.eval.bn_recompute else None)
+        self.recomputed_bn = None  # the last evaluation's recomputed statistics, for final.pt
         self.train_seconds, self.train_images = 0.0, 0
 
     def _micro_batch_stream(self):
@@ -280,16 +285,24 @@ class Trainer:
         })
 
     def evaluate_and_log(self) -> None:
-        """Top-1/top-5/loss on the validation set with the ranks' averaged BN statistics."""
+        """Top-1/top-5/loss on the validation set with the ranks' averaged BN statistics; with
+        eval.bn_recompute, with recomputed ones (and ``trained_*`` with the running ones), the
+        running ones put back for training to continue."""
         self.reduction.sync_buffers()
-        result = evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
-                          self.workers, self.cfg.channels_last, self.autocast_dtype)
+        result = self.evaluate_model()
+        if self.precise_bn is not None:
+            result, self.recomputed_bn = self.precise_bn.evaluate(
+                self.model, self.position.step, self.evaluate_model, result)
         epoch = self.geometry.epoch_of(self.position.step)
         self.metrics.write({"kind": "eval", "step": self.position.step, "epoch": epoch, **result})
         if self.ctx.is_main:
             log.info("step %d (epoch %.2f): top-1 %.2f%%, top-5 %.2f%%, val loss %.4f",
                      self.position.step, epoch, result["top1"], result["top5"], result["loss"])
         self.last_eval = result
+
+    def evaluate_model(self) -> dict[str, float]:
+        return evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
+                        self.workers, self.cfg.channels_last, self.autocast_dtype)
 
     def finish(self) -> dict[str, Any]:
         """Close the logs, evaluate if nothing was evaluated, write summary and final weights."""
@@ -303,6 +316,8 @@ class Trainer:
             self.cfg, self.ctx, self.geometry, position.step,
             (position.skipped_steps, position.skipped_images), self.last_eval, self.started,
             self.train_seconds, self.train_images)
+        if self.recomputed_bn is not None:  # final.pt carries the statistics evaluated last
+            load_statistics(self.model, self.recomputed_bn)
         if self.ctx.is_main:
             write_final_record(self.cfg, self.run_dir, self.model, self.train_set.classes, summary)
         barrier(self.ctx)
