@@ -9,8 +9,9 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
 setup: $(STAMP)
 
-# setup.py and the C source: the LARS kernel is rebuilt by the editable install when they change.
-$(STAMP): pyproject.toml setup.py src/bigbatch/optim/_lars_kernel.c
+# setup.py and the C sources: the LARS and LAMB kernels are rebuilt by the editable install.
+KERNELS := $(addprefix src/bigbatch/optim/,_lars_kernel.c _lamb_kernel.c _chunked_sums.h)
+$(STAMP): pyproject.toml setup.py $(KERNELS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1

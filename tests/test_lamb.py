@@ -1,18 +1,34 @@
-"""LAMB against a float64 hand computation of Algorithm 2 and against timm's Lamb."""
+"""LAMB against a float64 hand computation of Algorithm 2 and against timm's Lamb, on the compiled
+CPU kernel and on the eager fallback."""
 
 from __future__ import annotations
 
 import math
+import shutil
+import sys
 
 import pytest
 import torch
+from layouts import LAYOUT_SHAPES, odd_offset_views
 from timm.optim import Lamb
 from torch import nn
 
-from bigbatch.optim import LAMB, build_optimizer
+from bigbatch.optim import LAMB, build_optimizer, lamb_kernel
 
 SHAPES = [(6, 4), (3, 2, 3, 3), (5,), (7, 1)]
 LRS = [0.01, 0.02, 0.05, 0.03, 0.01]
+
+
+@pytest.fixture(autouse=True, params=["kernel", "eager"])
+def lamb_path(request, monkeypatch):
+    """Every test runs on the compiled CPU kernel and on the eager fallback."""
+    if request.param == "eager":
+        monkeypatch.setattr(lamb_kernel, "_KERNELS", None)
+    elif not lamb_kernel.available():
+        if sys.platform.startswith("linux") and shutil.which("gcc"):
+            pytest.fail("pip install -e . did not build the LAMB kernel (_lamb_kernel.c)")
+        pytest.skip("the LAMB kernel is not built on this platform")
+    return request.param
 
 
 def make_params(seed: int = 0) -> list[nn.Parameter]:
@@ -166,3 +182,92 @@ def test_invalid_hyperparameters_are_rejected():
         LAMB(make_params(), eps=0.0)
     with pytest.raises(ValueError, match="lr must be >= 0"):
         LAMB(make_params(), lr=-1.0)
+
+
+def layout_run(fresh: bool, steps: int = 3, dtype: torch.dtype = torch.float32,
+               bucket_bytes: int | None = None) -> list[nn.Parameter]:
+    """LAMB with BN/bias-style exclusion over LAYOUT_SHAPES: weights and gradients either freshly
+    allocated or views into flat buffers at odd offsets; the same values either way."""
+    gen = torch.Generator().manual_seed(5)
+    values = [torch.randn(s, generator=gen, dtype=dtype) for s in LAYOUT_SHAPES]
+    params = [nn.Parameter(w) for w in (values if fresh else odd_offset_views(values))]
+    opt = LAMB(groups(params), lr=0.01, bucket_bytes=bucket_bytes)
+    for step in range(steps):
+        grads = [torch.randn(s, generator=gen, dtype=dtype) * (1 + step) for s in LAYOUT_SHAPES]
+        for p, g in zip(params, grads if fresh else odd_offset_views(grads), strict=True):
+            p.grad = g
+        opt.step()
+    return params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_step_is_the_same_bits_whatever_the_memory_alignment(dtype):
+    """A pure function of the values: DDP bucket views at odd offsets give fresh tensors' bits."""
+    fresh, views = layout_run(True, dtype=dtype), layout_run(False, dtype=dtype)
+    assert any(p.storage_offset() % 16 for p in views)
+    for p, q, shape in zip(fresh, views, LAYOUT_SHAPES, strict=True):
+        assert torch.equal(p.detach(), q.detach()), f"weights of shape {shape}"
+
+
+def test_kernel_bits_do_not_depend_on_the_thread_count_or_the_buckets():
+    runs = []
+    for threads, bucket_bytes in ((1, None), (2, 4096), (3, 10**9)):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            runs.append(layout_run(True, bucket_bytes=bucket_bytes))
+        finally:
+            torch.set_num_threads(before)
+    for params in runs[1:]:
+        assert all(torch.equal(p, q) for p, q in zip(params, runs[0], strict=True))
+
+
+def test_kernel_matches_the_eager_path(monkeypatch, lamb_path):
+    if lamb_path == "eager":
+        pytest.skip("compares the two paths once")
+    calls = []
+    step = lamb_kernel.step
+    monkeypatch.setattr(lamb_kernel, "step", lambda *a, **k: calls.append(1) or step(*a, **k))
+    kernel = layout_run(True, steps=4)
+    assert len(calls) == 4 * 2  # every step of both groups
+    monkeypatch.setattr(lamb_kernel, "_KERNELS", None)
+    eager = layout_run(True, steps=4)
+    assert len(calls) == 4 * 2
+    for p, q in zip(kernel, eager, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_kernel_takes_the_cpu_float_tensors_and_leaves_the_rest_to_eager(lamb_path):
+    params = [p.detach().float() for p in make_params()]
+    grads = [g.float() for g in grads_for(0)]
+    states = [torch.zeros_like(p) for p in params]
+    assert lamb_kernel.supports(params, grads, states, states) == (lamb_path == "kernel")
+    transposed = [g.t() if g.ndim == 2 else g for g in grads]
+    assert not lamb_kernel.supports(params, transposed, states, states)
+    halves = [p.bfloat16() for p in params]
+    assert not lamb_kernel.supports(halves, [g.bfloat16() for g in grads], halves, halves)
+
+
+def test_non_contiguous_gradient_takes_the_eager_path_with_the_same_result():
+    params, reference = make_params(), make_params()
+    opt, ref = LAMB(params, lr=0.01), LAMB(reference, lr=0.01)
+    for p, q, g in zip(params, reference, grads_for(0), strict=True):
+        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
+        q.grad = g.clone()
+    opt.step()
+    ref.step()
+    for p, q in zip(params, reference, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_step_bumps_the_version_of_weights_and_moments():
+    """Autograd sees the in-place update (an old graph using the weight then refuses to run)."""
+    params = make_params()
+    opt = LAMB(params, lr=0.01)
+    for p, g in zip(params, grads_for(0), strict=True):
+        p.grad = g
+    opt.step()
+    tensors = params + [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+    versions = [t._version for t in tensors]
+    opt.step()
+    assert all(t._version > v for t, v in zip(tensors, versions, strict=True))

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from layouts import LAYOUT_SHAPES, odd_offset_views
 from torch import nn
 
 from bigbatch.optim import LARS, build_optimizer, lars_kernel, parameter_groups
@@ -432,24 +433,6 @@ def test_deepcopy_keeps_options_and_continues_identically():
     twin_opt.step()
     for p, q in zip(params, twin_params, strict=True):
         assert torch.equal(p.detach(), q.detach())
-
-
-LAYOUT_SHAPES = [(10, 10), (8, 5, 5, 5), (25,), (1000,), (64, 3, 7, 7), (120_001,),
-                 (256, 128, 3, 3), (7,), (333, 301)]
-
-
-def odd_offset_views(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of ``tensors`` as views into one flat buffer, each at an offset that is not a
-    multiple of 16 values (as DDP's gradient_as_bucket_view buckets place gradients)."""
-    gaps = [1, 3, 5, 7, 9, 11, 13]
-    total = sum(t.numel() for t in tensors) + 32 * len(tensors)
-    flat = torch.full((total,), float("nan"), dtype=tensors[0].dtype)
-    views, offset = [], 0
-    for i, t in enumerate(tensors):
-        offset += -offset % 16 + gaps[i % len(gaps)]  # the next multiple of 16, then odd
-        views.append(flat[offset:offset + t.numel()].view(t.shape).copy_(t))
-        offset += t.numel()
-    return views
 
 
 def layout_run(fresh: bool, steps: int = 3, dtype: torch.dtype = torch.float32):

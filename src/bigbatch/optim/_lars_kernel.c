@@ -8,10 +8,9 @@
  *     λ = η‖w‖ / (‖g‖ + β‖w‖ + eps), λ = 1 if ‖w‖ = 0 or ‖g‖ = 0 (or lars = 0); clip: min(λ, 1)
  *     v ← m·v + γλ·g + γλβ·w;   w ← w − v   (Nesterov: w ← w − (m·v + γλ·g + γλβ·w))
  *
- * The norms are a pure function of the values: every tensor is cut into CHUNK-element chunks by
- * index, a chunk in blocks and fixed lanes (element i into lane i mod LANES) and the lanes, blocks
- * and chunks are added in a fixed order. Neither the memory alignment nor the number
- * of threads changes a bit. Built with -ffp-contract=off, so no multiply-add is fused either.
+ * The norms are a pure function of the values (fixed chunks, blocks and lanes by index, added in
+ * a fixed order: _chunked_sums.h): neither the memory alignment nor the number of threads
+ * changes a bit. Built with -ffp-contract=off, so no multiply-add is fused either.
  *
  * Called through ctypes (bigbatch.optim.lars_kernel); no Python or torch headers needed.
  */
@@ -24,81 +23,13 @@
 #include <omp.h>
 #endif
 
-#define CHUNK 16384
-#define BLOCK 1024
-#define LANES 32
-
-/* An AVX2 copy of the loops beside the baseline one, picked at load time: the same operations in
- * the same order (no FMA, see -ffp-contract=off), so the same bits from either. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-#define VECTORIZE __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTORIZE
-#endif
+#include "_chunked_sums.h"
 
 typedef struct {
     double lr, momentum, weight_decay, trust_coefficient, eps;
     int32_t clip, nesterov, lars, threads;
     int64_t bucket_elements;
 } LarsOptions;
-
-typedef struct {
-    int64_t tensor, start, stop;
-} Chunk;
-
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-
-/* Chunks of every tensor and the buckets they form: bounds[4b..4b+3] = c0, c1, t0, t1. */
-typedef struct {
-    Chunk *chunks;
-    int64_t *bounds;
-    int64_t buckets, total;
-    double *partial; /* per chunk: ‖w‖², ‖g‖², then ‖w‖² of the new w */
-    double *ratio;   /* per tensor: λ */
-} Plan;
-
-static void free_plan(Plan *p) {
-    free(p->chunks);
-    free(p->bounds);
-    free(p->partial);
-    free(p->ratio);
-}
-
-static int make_plan(const int64_t *numel, int64_t count, int64_t bucket_elements, Plan *p) {
-    int64_t total = 0;
-    for (int64_t t = 0; t < count; t++) total += (numel[t] + CHUNK - 1) / CHUNK;
-    p->chunks = malloc((size_t)(total + 1) * sizeof(Chunk));
-    p->bounds = malloc((size_t)(4 * count + 4) * sizeof(int64_t));
-    p->partial = malloc((size_t)(3 * total + 3) * sizeof(double));
-    p->ratio = malloc((size_t)(count + 1) * sizeof(double));
-    p->buckets = 0;
-    p->total = total;
-    if (!p->chunks || !p->bounds || !p->partial || !p->ratio) {
-        free_plan(p);
-        return -1;
-    }
-    int64_t c = 0, size = 0, *bound = p->bounds;
-    bound[0] = bound[2] = 0;
-    for (int64_t t = 0; t < count; t++) {
-        if (t > 0 && size + numel[t] > bucket_elements) { /* close the bucket, open the next */
-            bound[1] = bound[4] = c;
-            bound[3] = bound[6] = t;
-            bound += 4;
-            p->buckets++;
-            size = 0;
-        }
-        size += numel[t];
-        for (int64_t start = 0; start < numel[t]; start += CHUNK, c++) {
-            p->chunks[c].tensor = t;
-            p->chunks[c].start = start;
-            p->chunks[c].stop = MIN(start + CHUNK, numel[t]);
-        }
-    }
-    bound[1] = c;
-    bound[3] = count;
-    p->buckets += count > 0;
-    return 0;
-}
 
 /* λ of the tensor whose chunks start at chunk c: ‖w‖² (w_sq[t] when known, else its chunks')
  * and ‖g‖² from its chunks, added in chunk order. */
@@ -116,57 +47,38 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
     return r;
 }
 
-/* Blocks of BLOCK values, each summed in LANES fixed lanes in the values' precision (at most
- * BLOCK / LANES terms a lane), the lanes and then the blocks added in order in float64. BODY(k)
- * produces value k of the block into `x` (and may write memory). */
-#define BLOCKED_SUMSQ(T, n, BODY)                                                              \
-    double total_ = 0.0;                                                                       \
-    for (int64_t base = 0; base < (n); base += BLOCK) {                                        \
-        int64_t m_ = MIN((n) - base, BLOCK), i_ = 0;                                           \
-        T lane[LANES] = {0};                                                                   \
-        for (; i_ + LANES <= m_; i_ += LANES)                                                  \
-            for (int j = 0; j < LANES; j++) {                                                  \
-                int64_t k = base + i_ + j;                                                     \
-                T x;                                                                           \
-                BODY;                                                                          \
-                lane[j] += x * x;                                                              \
-            }                                                                                  \
-        for (int j = 0; i_ < m_; i_++, j++) {                                                  \
-            int64_t k = base + i_;                                                             \
-            T x;                                                                               \
-            BODY;                                                                              \
-            lane[j] += x * x;                                                                  \
-        }                                                                                      \
-        for (int j = 0; j < LANES; j++) total_ += (double)lane[j];                             \
-    }                                                                                          \
-    return total_;
-
 #define DEFINE_KERNELS(T, SUFFIX)                                                              \
     VECTORIZE static double sumsq_##SUFFIX(const T *a, int64_t n) {                            \
-        BLOCKED_SUMSQ(T, n, x = a[k])                                                          \
+        double sum[2];                                                                         \
+        BLOCKED_SUMSQ(T, n, 1, x = a[k], sum)                                                  \
+        return sum[0];                                                                         \
     }                                                                                          \
                                                                                                \
-    /* v ← m·v + cg·g + cw·w; w ← w − v; returns ‖w‖² of the new w. */                        \
+    /* v ← m·v + cg·g + cw·w; w ← w − v; returns ‖w‖² of the new w. */                         \
     VECTORIZE static double update_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg,      \
                                             T cw) {                                            \
-        BLOCKED_SUMSQ(T, n, T vk = m * v[k] + cg * g[k] + cw * w[k]; v[k] = vk;                \
-                      x = w[k] - vk; w[k] = x)                                                 \
+        double sum[2];                                                                         \
+        BLOCKED_SUMSQ(T, n, 1, T vk = m * v[k] + cg * g[k] + cw * w[k]; v[k] = vk;             \
+                      x = w[k] - vk; w[k] = x, sum)                                            \
+        return sum[0];                                                                         \
     }                                                                                          \
                                                                                                \
-    /* Nesterov: v ← m·v + d; w ← w − (m·v + d), d = cg·g + cw·w. */                            \
+    /* Nesterov: v ← m·v + d; w ← w − (m·v + d), d = cg·g + cw·w. */                           \
     VECTORIZE static double nesterov_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg,    \
                                               T cw) {                                          \
-        BLOCKED_SUMSQ(T, n, T d = cg * g[k] + cw * w[k]; T vk = m * v[k] + d; v[k] = vk;       \
-                      x = w[k] - (m * vk + d); w[k] = x)                                       \
+        double sum[2];                                                                         \
+        BLOCKED_SUMSQ(T, n, 1, T d = cg * g[k] + cw * w[k]; T vk = m * v[k] + d; v[k] = vk;    \
+                      x = w[k] - (m * vk + d); w[k] = x, sum)                                  \
+        return sum[0];                                                                         \
     }                                                                                          \
                                                                                                \
-    /* The step, bucket by bucket: the chunks' norms (shared among the threads; one barrier),   \
-     * then the update, each thread working out the ratio of the tensors its chunks belong to   \
+    /* The step, bucket by bucket: the chunks' norms (shared among the threads; one barrier),  \
+     * then the update, each thread working out the ratio of the tensors its chunks belong to  \
      * (the same sum in the same order whichever thread it is). */                             \
     int lars_step_##SUFFIX(T **w, T **g, T **v, const int64_t *numel, int64_t count,           \
                            const LarsOptions *o, double *w_sq, T *ratios_out) {                \
         Plan p;                                                                                \
-        if (make_plan(numel, count, o->bucket_elements, &p) != 0) return -1;                   \
+        if (make_plan(numel, count, o->bucket_elements, 3, &p) != 0) return -1;                \
         if (o->lars)                                                                           \
             for (int64_t t = 0; t < count; t++) ratios_out[t] = (T)1; /* empty tensors */      \
         _Pragma("omp parallel num_threads(o->threads)")                                        \
@@ -190,8 +102,7 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
                     const Chunk *k = &p.chunks[c];                                             \
                     int64_t t = k->tensor, n = k->stop - k->start;                             \
                     if (o->lars && t != tensor) {                                              \
-                        int64_t first = c;                                                     \
-                        while (first > 0 && p.chunks[first - 1].tensor == t) first--;          \
+                        int64_t first = first_chunk(&p, c);                                    \
                         T ratio = (T)trust_ratio(&p, first, w_sq, o);                          \
                         if (first == c) ratios_out[t] = ratio;                                 \
                         cg = ratio * (T)o->lr;                                                 \

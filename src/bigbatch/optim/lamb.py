@@ -12,9 +12,14 @@ each step by the schedule), β₁, β₂, ε and weight decay λ:
 A group with ``lars=False`` (the key :func:`bigbatch.optim.parameter_groups` sets for BatchNorm
 and bias tensors) takes the step without the ratio (x ← x − η·u), as LARS's excluded group does.
 
-Multi-tensor (``torch._foreach_*``) and free of host synchronisation: the ratios stay on the
-device, the bias corrections come from a host-side step count. On CPU the tensors go in
-cache-sized buckets, as LARS's eager path does.
+Implementation. On CPU, float32/float64 tensors go through a compiled kernel
+(:mod:`bigbatch.optim.lamb_kernel`, built by ``pip install``): per cache-sized bucket, the moments,
+u and the norms of x and u in one pass, the scaled update in a second. Elsewhere, and where the
+kernel is not built, the step is multi-tensor (``torch._foreach_*``) and free of host
+synchronisation: the ratios stay on the device, the bias corrections come from a host-side step
+count; on CPU in the same cache-sized buckets. Both paths give the same bits for the same values
+wherever the tensors lie in memory; they differ from each other in the last bits (their norms
+sum in different orders).
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bigbatch.optim import lamb_kernel
 from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
+
+# Group keys that parametrise the update (the rest, e.g. "names", ride along untouched).
+_UPDATE_KEYS = ("lr", "betas", "eps", "weight_decay", "lars")
 
 
 class LAMB(torch.optim.Optimizer):
@@ -66,6 +75,10 @@ class LAMB(torch.optim.Optimizer):
             if not params:
                 continue
             limit = _bucket_limit(group, params[0].device)
+            if limit is not None and lamb_kernel.supports(params, grads, avgs, avg_sqs):
+                lamb_kernel.step(params, grads, avgs, avg_sqs, steps, bucket_bytes=limit,
+                                 **{key: group[key] for key in _UPDATE_KEYS})
+                continue
             for lo, hi in _bucket_bounds(params, limit):
                 _bucket_update(params[lo:hi], grads[lo:hi], avgs[lo:hi], avg_sqs[lo:hi],
                                steps[lo:hi], group)

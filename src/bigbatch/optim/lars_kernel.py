@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.machinery
-import os
-from collections.abc import Iterator
-from pathlib import Path
+import sys
 
 import torch
 from torch import Tensor
 
-_DTYPES = (torch.float32, torch.float64)
+from bigbatch.optim import native
 
 
 class _Options(ctypes.Structure):
@@ -34,19 +31,10 @@ class _Options(ctypes.Structure):
 
 
 def _load() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    if os.environ.get("BIGBATCH_LARS_KERNEL", "1") == "0":
+    lib = native.load("_lars_kernel", "BIGBATCH_LARS_KERNEL")
+    if lib is None:
         return None
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_lars_kernel{suffix}"
-        if path.is_file():
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError:
-                return None
-            return {torch.float32: _declare(lib.lars_step_f32),
-                    torch.float64: _declare(lib.lars_step_f64)}
-    return None
+    return {torch.float32: _declare(lib.lars_step_f32), torch.float64: _declare(lib.lars_step_f64)}
 
 
 def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
@@ -64,35 +52,14 @@ def available() -> bool:
     return _KERNELS is not None
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> contextlib.AbstractContextManager[None]:
     """Within the block, LARS takes its eager path (to compare the two)."""
-    global _KERNELS
-    kernels, _KERNELS = _KERNELS, None
-    try:
-        yield
-    finally:
-        _KERNELS = kernels
+    return native.disabled(sys.modules[__name__])
 
 
 def supports(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]) -> bool:
-    """Whether the kernel can step these tensors: CPU, one float32/float64 dtype, and each
-    weight, gradient and momentum buffer dense with the same strides (contiguous or
-    channels-last alike), so that one index walks all three."""
-    if _KERNELS is None or not params or params[0].dtype not in _DTYPES:
-        return False
-    dtype = params[0].dtype
-    for p, g, v in zip(params, grads, bufs, strict=True):
-        stride = p.stride()
-        if not (p.is_cpu and g.is_cpu and v.is_cpu and p.dtype == g.dtype == v.dtype == dtype
-                and g.stride() == stride and v.stride() == stride and _dense(p)):
-            return False
-    return True
-
-
-def _dense(t: Tensor) -> bool:
-    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(
-        memory_format=torch.channels_last))
+    """Whether the kernel can step these tensors (:func:`native.same_dense_layout`)."""
+    return _KERNELS is not None and native.same_dense_layout(params, grads, bufs)
 
 
 class WeightNorms:

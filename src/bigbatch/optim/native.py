@@ -1,0 +1,68 @@
+"""What the compiled CPU optimizer steps share on the Python side: loading a kernel library built
+by ``pip install`` (setup.py) through ctypes, switching it off, and the tensor layouts it takes.
+
+Each kernel module (:mod:`~bigbatch.optim.lars_kernel`, :mod:`~bigbatch.optim.lamb_kernel`)
+keeps its loaded functions in a module global ``_KERNELS`` (None: not built, or switched off by
+its environment variable set to 0); the optimizer then runs its eager multi-tensor path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.machinery
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+DTYPES = (torch.float32, torch.float64)
+
+
+def load(stem: str, switch: str) -> ctypes.CDLL | None:
+    """The library ``bigbatch/optim/<stem><extension suffix>``, or None where it was not built,
+    does not load, or the environment variable ``switch`` is 0."""
+    if os.environ.get(switch, "1") == "0":
+        return None
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"{stem}{suffix}"
+        if path.is_file():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                return None
+    return None
+
+
+@contextlib.contextmanager
+def disabled(module: ModuleType) -> Iterator[None]:
+    """Within the block, ``module``'s kernels are off (its optimizer takes the eager path)."""
+    kernels, module._KERNELS = module._KERNELS, None
+    try:
+        yield
+    finally:
+        module._KERNELS = kernels
+
+
+def same_dense_layout(*lists: list[Tensor]) -> bool:
+    """Whether the tensors can go to a kernel: CPU, one float32/float64 dtype, and the tensors at
+    each position (a weight, its gradient, its state) dense with the same strides (contiguous or
+    channels-last alike), so that one index walks them all."""
+    if not lists[0] or lists[0][0].dtype not in DTYPES:
+        return False
+    dtype = lists[0][0].dtype
+    for same in zip(*lists, strict=True):
+        stride = same[0].stride()
+        if not (all(t.is_cpu and t.dtype == dtype and t.stride() == stride for t in same)
+                and _dense(same[0])):
+            return False
+    return True
+
+
+def _dense(t: Tensor) -> bool:
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(
+        memory_format=torch.channels_last))
