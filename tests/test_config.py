@@ -43,6 +43,18 @@ def test_paper_recipes_carry_the_paper_hyper_parameters(name):
     assert cfg.optim.momentum == 0.9
     if optimizer == "lars":
         assert cfg.optim.trust_coefficient == 0.001 and cfg.schedule.power == 2
+        # The authors' Intel Caffe adapts every tensor, BN and bias included.
+        assert cfg.optim.exclude_bn_and_bias is False
+
+
+def test_mlperf_recipe_carries_its_source_hyper_parameters():
+    cfg = resolve_config(recipe="imagenet-resnet50-mlperf-32k", overrides=["data.path=/x"])
+    o, s = cfg.optim, cfg.schedule
+    assert (cfg.model.name, cfg.global_batch, cfg.epochs, cfg.label_smoothing) == (
+        "resnet50", 32768, 64, 0.1)
+    assert (o.name, o.lr, o.momentum, o.weight_decay, o.exclude_bn_and_bias) == (
+        "lars", 29.0, 0.929, 1e-4, True)
+    assert (s.kind, s.power, s.warmup_epochs, s.end_lr) == ("poly", 2, 18, 1e-4)
 
 
 def test_default_recipe_is_large_batch_lars():
