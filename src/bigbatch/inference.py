@@ -52,15 +52,16 @@ def evaluate_weights(
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
     checkpoint.load_model_state(model, state["model"], f"weights file {path}")
     ctx = DistContext(0, 1, 0, None, torch.device("cpu"))
-    result = evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)
+
+    def evaluate_model() -> dict:
+        return evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)
+
     if not cfg.eval.bn_recompute:
-        return result
+        return evaluate_model()
     geometry = geometry_for(cfg, len(train_set), 1)
     precise = PreciseBN(cfg.eval.bn_recompute, train_set, geometry, cfg.seed, ctx)
     step = state.get("step", geometry.total_steps(cfg.epochs))
-    return precise.evaluate(
-        model, step, lambda: evaluate(model, val_set, ctx, batch_size or cfg.micro_batch),
-        result)[0]
+    return precise.evaluate(model, step, evaluate_model, evaluate_model())[0]
 
 
 def eval_config(raw: dict[str, Any], overrides: Sequence[str]) -> RunConfig:

@@ -48,7 +48,7 @@ from bigbatch.distributed import DistContext, barrier
 from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog, RecordSinks
-from bigbatch.precise_bn import PreciseBN, load_statistics
+from bigbatch.precise_bn import PreciseBN, check_count, load_statistics
 from bigbatch.testing.faults import fault_hook
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
@@ -100,6 +100,7 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
+        check_count(cfg.eval.bn_recompute, self.geometry)  # eval.bn_recompute fits the data
         self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.model = self._build_model()
         self.optimizer = optimizer_for(cfg, self.model)
