@@ -9,6 +9,7 @@ from bigbatch.errors import ConfigError
 from bigbatch.tools.sweep.records import markdown_table
 from bigbatch.tools.sweep.runner import run_sweep
 from bigbatch.tools.sweep.search import DEFAULT_RULES, LRRule, SweepSettings
+from bigbatch.tools.sweep.series import SERIES
 
 
 def parse_int_list(text: str, option: str) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ def parse_name_list(text: str) -> tuple[str, ...]:
 
 def add_commands(commands) -> argparse.ArgumentParser:
     command = commands.add_parser(
-        "sweep", help="batch-size scaling study: best top-1 per batch size, SGD vs LARS",
+        "sweep", help="batch-size scaling study: best top-1 per batch size and optimizer",
         description="Train an LR grid for every (batch size, optimizer) point at a fixed epoch "
                     "budget and report the best top-1 per point (resumable).")
     source = command.add_mutually_exclusive_group()
@@ -39,7 +40,9 @@ def add_commands(commands) -> argparse.ArgumentParser:
                         help="base recipe (see `bigbatch recipes`); default fashion-mnist")
     source.add_argument("--config", help="base YAML config file")
     command.add_argument("--batch-sizes", required=True, help="comma-separated global batches")
-    command.add_argument("--optimizers", default="sgd,lars", help="comma-separated: sgd, lars")
+    command.add_argument("--optimizers", default="sgd,lars",
+                         help="comma-separated series: " + ", ".join(
+                             f"{name} ({series.label})" for name, series in SERIES.items()))
     command.add_argument("--epochs", type=float, required=True, help="epoch budget of every run")
     command.add_argument("--lrs-per-point", type=int, default=3, help="initial LR grid size")
     command.add_argument("--lr-grid-factor", type=float, default=2.0, help="ratio of neighbour LRs")
@@ -58,6 +61,10 @@ def add_commands(commands) -> argparse.ArgumentParser:
                                   f"(default {rule.lr:g})")
         command.add_argument(f"--{name}-reference-batch", type=int, default=rule.reference_batch,
                              help=f"reference batch of the {name} rule ({rule.scaling} scaling)")
+    command.add_argument("--seeds", default=None,
+                         help="comma-separated seeds: rerun each point's best LR with each")
+    command.add_argument("--seed-batches", default=None,
+                         help="comma-separated batches whose points get --seeds (default all)")
     command.add_argument("--train-subset", type=int, default=None,
                          help="use the first N training examples (quick runs)")
     command.add_argument("--set", dest="overrides", action="append", default=[],
@@ -76,8 +83,8 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
     if args.train_subset is not None:
         overrides.append(f"data.train_subset={args.train_subset}")
     rules = {
-        name: LRRule(getattr(args, f"{name}_lr"), getattr(args, f"{name}_reference_batch"),
-                     rule.scaling)
+        name: LRRule(getattr(args, f"{_dest(name)}_lr"),
+                     getattr(args, f"{_dest(name)}_reference_batch"), rule.scaling)
         for name, rule in DEFAULT_RULES.items()
     }
     for name, rule in rules.items():
@@ -98,7 +105,15 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         rules=rules,
         torchrun=args.torchrun,
         anchor=args.anchor,
+        seeds=parse_int_list(args.seeds, "--seeds") if args.seeds is not None else (),
+        seed_batches=(parse_int_list(args.seed_batches, "--seed-batches")
+                      if args.seed_batches is not None else ()),
     ).check()
+
+
+def _dest(name: str) -> str:
+    """argparse's attribute name of a series' options: lars-paper -> lars_paper."""
+    return name.replace("-", "_")
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:

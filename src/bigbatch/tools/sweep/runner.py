@@ -23,6 +23,7 @@ from bigbatch.tools.sweep.records import (
     point_summary,
     record_divergence,
     run_name,
+    seed_statistics,
     write_csv,
     write_json,
 )
@@ -35,6 +36,7 @@ from bigbatch.tools.sweep.search import (
     initial_exponents,
     next_extension,
 )
+from bigbatch.tools.sweep.series import SERIES
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +52,19 @@ class SweepRunError(UserError):
 
 
 def run_overrides(settings: SweepSettings, batch: int, optimizer: str, rule: LRRule,
-                  base_lr: float, run_dir: Path) -> list[str]:
+                  base_lr: float, run_dir: Path, seed: int | None = None) -> list[str]:
     """The --set assignments that turn the recipe into one run of the sweep.
 
-    ``base_lr`` is the LR at the rule's reference batch; the engine scales it to B with the
-    rule's ``lr_scaling``, so each run's config.yaml states the rule it followed.
+    ``optimizer`` names a series (series.py), whose own settings come after the sweep's --set
+    ones. ``base_lr`` is the LR at the rule's reference batch; the engine scales it to B with the
+    rule's ``lr_scaling``, so each run's config.yaml states the rule it followed. ``seed``: the
+    run's seed in place of the config's.
     """
     assignments = list(settings.overrides) + [
         f"global_batch={batch}",
         f"micro_batch={min(settings.micro_batch, batch)}",
         f"epochs={settings.epochs}",
-        f"optim.name={optimizer}",
+        *SERIES[optimizer].assignments(),
         f"optim.lr={base_lr!r}",
         f"optim.lr_scaling={rule.scaling}",
         f"optim.reference_batch={rule.reference_batch}",
@@ -72,15 +76,17 @@ def run_overrides(settings: SweepSettings, batch: int, optimizer: str, rule: LRR
     ]
     if settings.warmup_epochs is not None:
         assignments.append(f"schedule.warmup_epochs={settings.warmup_epochs}")
+    if seed is not None:
+        assignments.append(f"seed={seed}")
     return assignments
 
 
 def resolve_run(settings: SweepSettings, batch: int, optimizer: str, rule: LRRule,
-                base_lr: float, run_dir: Path):
+                base_lr: float, run_dir: Path, seed: int | None = None):
     from bigbatch.config import resolve_config
 
     return resolve_config(settings.recipe, settings.config_file,
-                          run_overrides(settings, batch, optimizer, rule, base_lr, run_dir))
+                          run_overrides(settings, batch, optimizer, rule, base_lr, run_dir, seed))
 
 
 
@@ -189,15 +195,27 @@ class Sweep:
         point = point_summary(batch, optimizer, rule.centre(batch), list(runs.values()),
                               extensions, self.failed_below(batch, optimizer))
         point.rule = asdict(rule)
+        if self.settings.seeded(batch) and point.best_lr is not None:
+            best = next(r for r in runs.values() if r.lr == point.best_lr)
+            point.seeds = seed_statistics(self._run_seeds(batch, optimizer, rule, best))
         return point
 
+    def _run_seeds(self, batch: int, optimizer: str, rule: LRRule, best: RunResult
+                   ) -> list[RunResult]:
+        """The best run's LR with every --seeds seed; the grid's own run stands for its seed."""
+        factor = self.settings.lr_grid_factor
+        return [best if seed == best.seed else
+                self._run_one(batch, optimizer, rule, grid_lr(rule.lr, factor, best.grid_exponent),
+                              best.grid_exponent, extension=best.extension, seed=seed)
+                for seed in self.settings.seeds]
+
     def _run_one(self, batch: int, optimizer: str, rule: LRRule, base_lr: float,
-                 exponent: float, extension: bool) -> RunResult:
-        cfg = resolve_run(self.settings, batch, optimizer, rule, base_lr, self.out / "tmp")
+                 exponent: float, extension: bool, seed: int | None = None) -> RunResult:
+        cfg = resolve_run(self.settings, batch, optimizer, rule, base_lr, self.out / "tmp", seed)
         from bigbatch.build import peak_lr  # imports torch: only when a sweep runs
 
         lr = peak_lr(cfg)
-        run_dir = self.out / "runs" / run_name(batch, optimizer, lr)
+        run_dir = self.out / "runs" / run_name(batch, optimizer, lr, seed)
         cfg.out = str(run_dir)
         planned = cfg.to_dict()
         check_same_plan(run_dir, planned)
@@ -214,7 +232,9 @@ class Sweep:
             top5=summary.get("top5"), steps=summary.get("steps"),
             wall_seconds=summary.get("wall_seconds"), grid_exponent=exponent,
             run_dir=str(run_dir.relative_to(self.out)), diverged=bool(summary.get("diverged")),
-            extension=extension,
+            extension=extension, trained_top1=summary.get("trained_top1", summary.get("top1")),
+            trained_top5=summary.get("trained_top5", summary.get("top5")),
+            bn_recompute=cfg.eval.bn_recompute, seed=cfg.seed, seed_rerun=seed is not None,
         )
         self.runs.append(result)
         self.write_records()

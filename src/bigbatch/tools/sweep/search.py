@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bigbatch.errors import ConfigError
+from bigbatch.tools.sweep.series import SERIES, LRRule
 
 if TYPE_CHECKING:
     from bigbatch.tools.sweep.records import PointResult
@@ -18,25 +19,8 @@ if TYPE_CHECKING:
 FAILED_MARGIN_POINTS = 2.0
 
 
-@dataclass(frozen=True)
-class LRRule:
-    """How a point's grid centre follows the batch: lr * scale(B / reference_batch)."""
-
-    lr: float
-    reference_batch: int
-    scaling: str  # "linear" or "sqrt", as config.optim.lr_scaling
-
-    def centre(self, batch: int) -> float:
-        ratio = batch / self.reference_batch
-        return self.lr * (ratio if self.scaling == "linear" else math.sqrt(ratio))
-
-
-# SGD: the fashion-mnist-baseline recipe's LR at its batch, scaled linearly (Goyal et al.).
-# LARS: the fashion-mnist recipe's LR at batch 4096, scaled by sqrt (see module docstring).
-DEFAULT_RULES = {
-    "sgd": LRRule(lr=0.1, reference_batch=128, scaling="linear"),
-    "lars": LRRule(lr=8.0, reference_batch=4096, scaling="sqrt"),
-}
+# Every series' default rule (series.py).
+DEFAULT_RULES = {name: series.rule for name, series in SERIES.items()}
 
 
 def grid_lr(centre: float, factor: float, exponent: float) -> float:
@@ -109,7 +93,7 @@ def anchored_rule(rule: LRRule, point: PointResult) -> LRRule:
     return LRRule(lr=point.best_lr, reference_batch=point.batch, scaling=rule.scaling)
 
 
-SWEEP_OPTIMIZERS = ("sgd", "lars")
+SWEEP_OPTIMIZERS = tuple(SERIES)
 
 
 @dataclass(frozen=True)
@@ -130,6 +114,10 @@ class SweepSettings:
     rules: dict[str, LRRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
     torchrun: int | None = None
     anchor: bool = True  # centre larger batches on the smallest batch's best LR, scaled by rule
+    # Seeds: each point of seed_batches (every batch when empty) reruns its best LR with these
+    # seeds; the grid itself runs on the config's seed.
+    seeds: tuple[int, ...] = ()
+    seed_batches: tuple[int, ...] = ()
 
     def check(self) -> SweepSettings:
         if not self.batch_sizes:
@@ -139,7 +127,8 @@ class SweepSettings:
         if len(set(self.batch_sizes)) != len(self.batch_sizes):
             raise ConfigError(f"--batch-sizes repeats a value: {list(self.batch_sizes)}")
         if not self.optimizers:
-            raise ConfigError("--optimizers is empty; choose from sgd, lars")
+            raise ConfigError("--optimizers is empty; choose from "
+                              f"{', '.join(SWEEP_OPTIMIZERS)}")
         for name in self.optimizers:
             if name not in SWEEP_OPTIMIZERS:
                 raise ConfigError(f"unknown optimizer '{name}' in --optimizers; choose from "
@@ -154,10 +143,25 @@ class SweepSettings:
             raise ConfigError(f"--max-extensions must be 0 or more, got {self.max_extensions}")
         if self.micro_batch < 1:
             raise ConfigError(f"--micro-batch must be positive, got {self.micro_batch}")
+        self._check_seeds()
         if self.torchrun is not None and self.torchrun < 1:
             raise ConfigError(f"--torchrun needs a positive number of processes, "
                               f"got {self.torchrun}")
         return self
+
+    def _check_seeds(self) -> None:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"--seeds repeats a value: {list(self.seeds)}")
+        if self.seed_batches and not self.seeds:
+            raise ConfigError("--seed-batches needs --seeds")
+        unknown = [b for b in self.seed_batches if b not in self.batch_sizes]
+        if unknown:
+            raise ConfigError(f"--seed-batches {unknown} not in --batch-sizes "
+                              f"{list(self.batch_sizes)}")
+
+    def seeded(self, batch: int) -> bool:
+        """Whether the point at ``batch`` reruns its best LR with --seeds."""
+        return bool(self.seeds) and (not self.seed_batches or batch in self.seed_batches)
 
     def as_record(self) -> dict[str, Any]:
         record = asdict(self)
