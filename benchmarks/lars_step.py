@@ -19,7 +19,9 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   lars_eager     the same on its eager multi-tensor path (the fallback without the kernel)
   lars_compiled  LARS(fused_compile=True) (compile time reported separately)
   timm_lars      timm.optim.Lars (LR outside the momentum buffer, eps 1e-8)
-  lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted
+  lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted: on CPU the
+                 compiled kernel where it was built
+  lamb_eager     the same on its eager multi-tensor path (the fallback without the kernel)
   timm_lamb      timm.optim.Lamb with the same update (max_grad_norm=None: no global clipping)
 
 Ratios: each row of RATIOS, as the ratio of the medians, the median of the per-repetition ratios
@@ -43,14 +45,14 @@ from pathlib import Path
 import torch
 import torchvision
 
-from bigbatch.optim import LAMB, LARS, lars_kernel
+from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "lars_step.jsonl"
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
 RATIOS = [("lars", "sgd_fused"), ("lars_eager", "sgd_fused"), ("lars_compiled", "sgd_fused"),
           ("lars", "sgd_wd"), ("lars", "timm_lars"), ("lars", "lars_eager"),
-          ("adamw_fused", "sgd_fused"), ("lamb", "adamw_fused"), ("timm_lamb", "adamw_fused"),
-          ("lamb", "lars")]
+          ("adamw_fused", "sgd_fused"), ("lamb", "adamw_fused"), ("lamb_eager", "adamw_fused"),
+          ("timm_lamb", "adamw_fused"), ("lamb", "lamb_eager"), ("lamb", "lars")]
 TARGETS = {"lars/sgd_fused <=": 1.3, "lamb/adamw_fused <=": 1.3}
 
 
@@ -79,6 +81,7 @@ def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch
         "lars_eager": EagerLARS(params(), **lars),
         "timm_lars": Lars(params(), **lars),
         "lamb": LAMB(params(), lr=1e-3, weight_decay=0.01),
+        "lamb_eager": EagerLAMB(params(), lr=1e-3, weight_decay=0.01),
         "timm_lamb": Lamb(params(), lr=1e-3, weight_decay=0.01, max_grad_norm=None),
     }
     if with_compile:
@@ -91,6 +94,14 @@ class EagerLARS(LARS):
 
     def step(self, closure: Callable[[], object] | None = None) -> object:
         with lars_kernel.disabled():
+            return super().step(closure)
+
+
+class EagerLAMB(LAMB):
+    """LAMB kept on its eager path (the fallback where the CPU kernel is not built)."""
+
+    def step(self, closure: Callable[[], object] | None = None) -> object:
+        with lamb_kernel.disabled():
             return super().step(closure)
 
 
@@ -190,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "min_ms": {k: round(min(v) * 1e3, 2) for k, v in times.items()},
         "max_ms": {k: round(max(v) * 1e3, 2) for k, v in times.items()},
         "ratios": ratios, "compile_s": compile_s, "targets": TARGETS,
-        "lars_kernel": lars_kernel.available(),
+        "lars_kernel": lars_kernel.available(), "lamb_kernel": lamb_kernel.available(),
         "machine": machine_info(args.threads, device),
     }
     json.dump(record, sys.stdout, indent=2)
