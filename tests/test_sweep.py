@@ -125,6 +125,7 @@ def test_bad_batch_lists_are_config_errors(text, words):
     ({"batch_sizes": (128, 0)}, "positive"),
     ({"batch_sizes": (128, 128)}, "repeats"),
     ({"optimizers": ("adam",)}, "unknown optimizer 'adam'"),
+    ({"optimizers": ("lars_paper",)}, "choose from sgd, lars, lars-paper, lars-mlperf, lamb"),
     ({"lrs_per_point": 0}, "at least 1"),
     ({"lr_grid_factor": 1.0}, "above 1"),
     ({"epochs": 0}, "positive"),
@@ -256,6 +257,136 @@ def test_markdown_table_shows_best_lr_marks_and_difference():
     assert row == "| 8192 | 21 | 71.50 (3.2)+ | 80.25 (22.6)! | +8.75 |"
     assert table.splitlines()[0] == ("| batch | steps | SGD top-1 % (peak LR) | "
                                      "LARS top-1 % (peak LR) | LARS − SGD |")
+
+
+# ----------------------------------------------------------------------------- series
+
+
+@pytest.mark.parametrize("series, optimizer_class, adapted_bn", [
+    ("sgd", "SGD", None), ("lars-paper", "LARS", True), ("lars-mlperf", "LARS", False),
+    ("lamb", "LAMB", False),
+])
+@pytest.mark.parametrize("recipe_excludes", [True, False])
+def test_each_series_builds_the_optimizer_that_defines_it(series, optimizer_class, adapted_bn,
+                                                          recipe_excludes, tmp_path):
+    """lars-paper adapts and decays every tensor, lars-mlperf and lamb exclude BN and bias,
+    whatever the sweep's own --set says; sgd keeps the sweep's setting."""
+    from bigbatch.tools.sweep.series import SERIES
+
+    settings = fake_settings(optimizers=(series,), overrides=(
+        *TINY_OVERRIDES, f"optim.exclude_bn_and_bias={recipe_excludes}"))
+    rule = SERIES[series].rule
+    cfg = runner.resolve_run(settings, 256, series, rule, rule.lr, tmp_path)
+    model = build.model_for(cfg, 10, 1)
+    optimizer = build.optimizer_for(cfg, model)
+    assert type(optimizer).__name__ == optimizer_class
+    adapted = {name for group in optimizer.param_groups if group.get("lars", True)
+               for name in group["names"]}
+    bn_weight = next(name for name, p in model.named_parameters() if p.ndim == 1)
+    expected = recipe_excludes is False if adapted_bn is None else adapted_bn
+    assert cfg.optim.exclude_bn_and_bias is (not expected)
+    assert (bn_weight in adapted) is expected
+    assert len(optimizer.param_groups) == (1 if expected else 2)
+
+
+def test_series_names_appear_as_their_own_rows_and_differences(tmp_path, monkeypatch):
+    execute, calls = fake_execute(peak=0.4)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    rules = {"sgd": LRRule(0.4, 128, "linear"), "lars-paper": LRRule(0.4, 128, "sqrt"),
+             "lamb": LRRule(0.4, 128, "sqrt")}
+    points = runner.run_sweep(fake_settings(batch_sizes=(128,), rules=rules, max_extensions=0,
+                                            optimizers=("sgd", "lars-paper", "lamb")), tmp_path)
+    assert [p.optimizer for p in points] == ["sgd", "lars-paper", "lamb"]
+    assert {path.name for path in (tmp_path / "runs").iterdir()} >= {
+        "b00128-lars-paper-lr0.4", "b00128-lamb-lr0.4", "b00128-sgd-lr0.4"}
+    head = (tmp_path / "sweep.md").read_text().splitlines()[0]
+    assert head.endswith("| LARS-PAPER − SGD | LAMB − SGD |")
+
+
+# ----------------------------------------------------------------------------- BatchNorm numbers
+
+
+def fake_recomputed(peak: float, trained_peak: float):
+    """Recomputed top-1 peaks at ``peak``, as-trained top-1 at ``trained_peak``."""
+    def execute(cfg, run_dir, torchrun):
+        lr = build.peak_lr(cfg)
+        summary = {"top1": 90.0 - (math.log2(lr / peak)) ** 2, "top5": 99.0,
+                   "trained_top1": 80.0 - (math.log2(lr / trained_peak)) ** 2,
+                   "trained_top5": 97.0, "bn_recompute": cfg.eval.bn_recompute,
+                   "steps": 4, "wall_seconds": 0.5, "seed": cfg.seed}
+        summary["top1"] += cfg.seed  # seeds differ
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    return execute
+
+
+def test_both_batchnorm_numbers_are_recorded_and_the_recomputed_one_selects(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "execute_run", fake_recomputed(peak=0.2, trained_peak=0.4))
+    settings = fake_settings(max_extensions=0,
+                             overrides=(*TINY_OVERRIDES, "eval.bn_recompute=3"))
+    (point,) = runner.run_sweep(settings, tmp_path)  # grid 0.1, 0.2, 0.4 at B=256
+    assert point.best_lr == pytest.approx(0.2) and point.best_top1 == pytest.approx(90.0)
+    assert point.best_trained_top1 == pytest.approx(79.0)  # the same run, as trained
+    assert point.as_trained_best_lr == pytest.approx(0.4)
+    assert point.as_trained_best_top1 == pytest.approx(80.0)
+    assert point.selected_on == "top1 with BatchNorm statistics recomputed over 3 micro-batches"
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(float(r["top1"]), float(r["trained_top1"]), r["bn_recompute"]) for r in rows] == [
+        (89.0, 76.0, "3"), (90.0, 79.0, "3"), (89.0, 80.0, "3")]
+    table = (tmp_path / "sweep.md").read_text()
+    assert "| 256 | 4 | 90.00 (0.2) |" in table
+    assert "LR selected on: top1 with BatchNorm statistics recomputed over 3" in table
+    assert "| 256 | 79.00 / 80.00 (0.4) |" in table
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["selected_on"] == [point.selected_on]
+
+
+def test_without_recomputation_the_trained_number_is_the_result(tmp_path, monkeypatch):
+    execute, _ = fake_execute(peak=0.2)
+    monkeypatch.setattr(runner, "execute_run", execute)
+    (point,) = runner.run_sweep(fake_settings(max_extensions=0), tmp_path)
+    assert point.selected_on == "top1 as trained"
+    assert point.best_trained_top1 == point.best_top1 == pytest.approx(90.0)
+    assert "LR selected on" not in (tmp_path / "sweep.md").read_text()
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def test_seeds_rerun_the_best_lr_of_the_chosen_batches_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "execute_run", fake_recomputed(peak=0.2, trained_peak=0.2))
+    settings = fake_settings(batch_sizes=(128, 256), anchor=False, max_extensions=0,
+                             seeds=(0, 1, 2), seed_batches=(256,)).check()
+    small, large = runner.run_sweep(settings, tmp_path)
+    assert small.seeds is None
+    assert large.seeds["lr"] == pytest.approx(0.2)
+    assert large.seeds["top1"] == {"0": 90.0, "1": 91.0, "2": 92.0}
+    assert large.seeds["top1_mean"] == pytest.approx(91.0)
+    assert large.seeds["top1_std"] == pytest.approx(1.0)
+    assert large.seeds["trained_top1_range"] == [80.0, 80.0]
+    assert large.best_top1 == pytest.approx(90.0)  # the grid's seed selects, not the best seed
+    names = sorted(path.name for path in (tmp_path / "runs").iterdir())
+    assert [n for n in names if "seed" in n] == ["b00256-sgd-lr0.2-seed1", "b00256-sgd-lr0.2-seed2"]
+    assert "| 256 | sgd | 0.2 | 0, 1, 2 | 91.00 ± 1.00 (90.00–92.00) |" in (
+        tmp_path / "sweep.md").read_text()
+
+    def must_not_train(*_):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(runner, "execute_run", must_not_train)
+    again = runner.run_sweep(settings, tmp_path)  # resumes: every run, seeds included, kept
+    assert again[1].seeds == large.seeds
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"seeds": (1, 1)}, "repeats"), ({"seed_batches": (256,)}, "needs --seeds"),
+    ({"seeds": (0, 1), "seed_batches": (512,)}, "not in --batch-sizes"),
+])
+def test_bad_seed_settings_are_config_errors(change, words):
+    with pytest.raises(ConfigError, match=words):
+        fake_settings(**change).check()
 
 
 # ----------------------------------------------------------------------------- a real tiny sweep
