@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from bigbatch.errors import ConfigError
+from bigbatch.tools.sweep.series import SERIES
 
 # The paper's claim is "within 1 point of the small-batch accuracy" (You et al., ICPP 2018), so
 # the baseline band spans the best small-batch top-1 plus and minus that one point.
 BASELINE_BAND_POINTS = 1.0
 
 
-OPTIMIZER_STYLE = {"sgd": ("tab:orange", "s", "SGD, linear scaling + warmup"),
-                   "lars": ("tab:blue", "o", "LARS, sqrt scaling + warmup")}
+# Colour and marker of each sweep series; the legend is the series' own label.
+OPTIMIZER_STYLE = {name: (color, marker, SERIES[name].label) for name, color, marker in (
+    ("sgd", "tab:orange", "s"), ("lars", "tab:blue", "o"), ("lars-paper", "tab:green", "^"),
+    ("lars-mlperf", "tab:red", "v"), ("lamb", "tab:purple", "D"))}
 
 
 def new_figure(rows: int, columns: int, size: tuple[float, float]):
@@ -107,7 +110,9 @@ def plot_sweep(folder: Path, out: Path) -> Path:
     ax.set_xticks(batches)
     ax.set_xticklabels([_batch_label(b) for b in batches])
     ax.set_xlabel("global batch size")
-    ax.set_ylabel("top-1 (%): best LR (line), every LR tried (dots)")
+    recomputed = any("recomputed" in label for label in record.get("selected_on", []))
+    ax.set_ylabel("top-1 (%)" + (", BatchNorm statistics recomputed" if recomputed else "")
+                  + ": best LR (line), every LR tried (dots)", fontsize=8 if recomputed else 10)
     settings = record.get("settings", {})
     epochs = settings.get("epochs")
     budget = f"{epochs:g}" if isinstance(epochs, (int, float)) else "?"
