@@ -93,6 +93,9 @@ class EvalConfig:
     # Precise BatchNorm (bigbatch.precise_bn): before every evaluation the running statistics
     # are replaced by their exact average over N training micro-batches; 0: the running ones.
     bn_recompute: int = 0
+    # Test-time horizontal flip: each validation image is classified from the mean of the
+    # logits of it and of its mirror image (twice the evaluation compute).
+    hflip: bool = False
 
 
 @dataclass

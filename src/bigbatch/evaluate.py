@@ -3,6 +3,10 @@
 Each rank takes a contiguous, disjoint shard of the validation set (no padding, unlike
 DistributedSampler, which repeats examples to even out the shards) and the correct counts are
 summed over ranks, so the result equals a single-process evaluation of the same weights.
+
+With ``hflip`` (``eval.hflip``), each image's logits are the mean of the model's logits for
+the image and for its horizontal mirror: the test-time augmentation that matches the training
+flip, at twice the evaluation compute.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def evaluate(
     workers: int = 0,
     channels_last: bool = False,
     autocast_dtype: torch.dtype | None = None,
+    hflip: bool = False,
 ) -> dict[str, float]:
     """Top-1, top-5 (in %) and mean loss over the whole of ``dataset``."""
     was_training = model.training
@@ -42,6 +47,8 @@ def evaluate(
             enabled=autocast_dtype is not None,
         ):
             logits = model(images)
+            if hflip:
+                logits = (logits.float() + model(images.flip(-1)).float()) / 2
         top1, top5 = topk_correct(logits.float(), labels)
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         totals += torch.stack(

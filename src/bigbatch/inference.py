@@ -54,7 +54,8 @@ def evaluate_weights(
     ctx = DistContext(0, 1, 0, None, torch.device("cpu"))
 
     def evaluate_model() -> dict:
-        return evaluate(model, val_set, ctx, batch_size or cfg.micro_batch)
+        return evaluate(model, val_set, ctx, batch_size or cfg.micro_batch,
+                        hflip=cfg.eval.hflip)
 
     if not cfg.eval.bn_recompute:
         return evaluate_model()
@@ -65,9 +66,9 @@ def evaluate_weights(
 
 
 def eval_config(raw: dict[str, Any], overrides: Sequence[str]) -> RunConfig:
-    """The weights' run config with the `eval.*` overrides of `bigbatch eval --set` (the
-    config's own eval section is not applied: the file already carries its statistics)."""
-    raw = {**raw, "eval": {}}
+    """The weights' run config with the `eval.*` overrides of `bigbatch eval --set`. The run's
+    own eval.bn_recompute is not applied (the file already carries the statistics it chose)."""
+    raw = {**raw, "eval": {**(raw.get("eval") or {}), "bn_recompute": 0}}
     for assignment in overrides:
         if not assignment.strip().startswith("eval."):
             raise ConfigError(f"bigbatch eval --set takes eval.* keys only, got '{assignment}'")

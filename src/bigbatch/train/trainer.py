@@ -303,7 +303,8 @@ class Trainer:
 
     def evaluate_model(self) -> dict[str, float]:
         return evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
-                        self.workers, self.cfg.channels_last, self.autocast_dtype)
+                        self.workers, self.cfg.channels_last, self.autocast_dtype,
+                        self.cfg.eval.hflip)
 
     def finish(self) -> dict[str, Any]:
         """Close the logs, evaluate if nothing was evaluated, write summary and final weights."""
