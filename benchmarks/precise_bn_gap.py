@@ -8,7 +8,8 @@ micro-batch 512, warmup 3 epochs) on the first 16384 Fashion-MNIST training exam
 (16 steps), with ``eval.bn_recompute=COUNT``. One run gives both numbers: every evaluation
 record holds the top-1 with the running statistics (``trained_top1``, bit-identical to a run
 without the option, tests/test_precise_bn.py) and with the recomputed ones (``top1``). A seed
-whose summary.json exists is not run again. Writes docs/results/precise_bn/gap.json.
+whose summary.json exists is not run again. Writes docs/results/precise_bn/gap.json (with each
+run's resolved config).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from common import REPO, RESULTS_DIR, machine_info
 
 SUBSET, EPOCHS = 16384, 4
@@ -58,7 +60,8 @@ def main() -> None:
         record["runs"][f"seed{seed}"] = {
             "top1_as_trained": summary["trained_top1"], "top1_recomputed": summary["top1"],
             "steps": summary["steps"], "wall_seconds": summary["wall_seconds"],
-            "evaluations": evaluations(out)}
+            "evaluations": evaluations(out),
+            "config": yaml.safe_load((out / "config.yaml").read_text())}
     folder = RESULTS_DIR / "precise_bn"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gap.json").write_text(json.dumps(record, indent=2) + "\n")
