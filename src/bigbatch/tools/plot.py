@@ -111,8 +111,8 @@ def plot_sweep(folder: Path, out: Path) -> Path:
     ax.set_xticklabels([_batch_label(b) for b in batches])
     ax.set_xlabel("global batch size")
     recomputed = any("recomputed" in label for label in record.get("selected_on", []))
-    ax.set_ylabel("top-1 (%)" + (", BatchNorm statistics recomputed" if recomputed else "")
-                  + ": best LR (line), every LR tried (dots)", fontsize=8 if recomputed else 10)
+    ax.set_ylabel("top-1 (%" + (", BN statistics recomputed" if recomputed else "")
+                  + "): best LR (line), every LR tried (dots)", fontsize=9 if recomputed else 10)
     settings = record.get("settings", {})
     epochs = settings.get("epochs")
     budget = f"{epochs:g}" if isinstance(epochs, (int, float)) else "?"
