@@ -1,0 +1,77 @@
+"""The default example as a new user runs it: `bigbatch train` with no other arguments than the
+seed and the run folder, one seed after another, timed around the whole command.
+
+    python benchmarks/default_recipe.py                   # seeds 0, 1, 2 into runs/default_recipe/
+    python benchmarks/default_recipe.py --seeds 0,1,2,3
+
+One line per finished seed is appended to docs/results/default_recipe/seeds.jsonl (the seed, test
+top-1, wall time of the command, peak memory, steps, the machine and its load before and after).
+A seed whose line is already there for the same commit is not run again, so rerunning the
+command continues where it stopped. The summary line printed at the end gives the median and
+range over the seeds recorded for this commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, RESULTS_DIR, git_commit, load_average, machine_info
+
+RECORD = RESULTS_DIR / "default_recipe" / "seeds.jsonl"
+
+
+def recorded(commit: str | None) -> dict[int, dict]:
+    if not RECORD.exists():
+        return {}
+    lines = [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
+    return {line["seed"]: line for line in lines if line["machine"]["commit"] == commit}
+
+
+def run_seed(seed: int, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted seed starts over, timed whole
+    load_before = load_average()
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bigbatch", "train", "--seed", str(seed),
+                    "--out", str(out)], cwd=REPO, check=True)
+    wall = time.perf_counter() - start
+    summary = json.loads((out / "summary.json").read_text())
+    return {"benchmark": "default_recipe", "seed": seed, "top1": summary["top1"],
+            "trained_top1": summary.get("trained_top1"),
+            "wall_seconds": round(wall, 1), "train_wall_seconds": summary["wall_seconds"],
+            "peak_memory_mib": summary.get("peak_memory_mib"), "steps": summary["steps"],
+            "global_batch": summary["global_batch"], "model": summary["model"],
+            "load_before": load_before, "machine": machine_info()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--out", default=str(REPO / "runs" / "default_recipe"))
+    args = parser.parse_args()
+    commit = git_commit()
+    done = recorded(commit)
+    for seed in (int(s) for s in args.seeds.split(",")):
+        if seed in done:
+            continue
+        record = run_seed(seed, Path(args.out) / f"seed{seed}")
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
+        with RECORD.open("a") as file:
+            file.write(json.dumps(record) + "\n")
+        done[seed] = record
+    tops = [r["top1"] for r in done.values()]
+    walls = [r["wall_seconds"] for r in done.values()]
+    print(json.dumps({"commit": commit, "seeds": sorted(done),
+                      "top1_median": statistics.median(tops), "top1_range": [min(tops), max(tops)],
+                      "wall_median_s": statistics.median(walls),
+                      "wall_range_s": [min(walls), max(walls)]}))
+
+
+if __name__ == "__main__":
+    main()
