@@ -150,7 +150,7 @@ def test_without_torchvision_codecs_every_file_takes_the_pil_route(
     path = write(tmp_path, photos[1])
     box_for_size, _ = example_crop(True, 3, 0, 1, OUT, 256)
     with_codecs = decode.crop_planes(path.read_bytes(), box_for_size, OUT, True, flip=False)
-    monkeypatch.setattr(decode, "decode_jpeg", None)
+    monkeypatch.setattr(decode, "turbo_decoder", lambda: None)
     assert not decode.takes_turbo_route(
         decode.jpeg_frame(photos[1]), box_for_size(500, 375), OUT, True
     )

@@ -176,7 +176,7 @@ def test_packed_jpeg_training_crops_take_the_tensor_decode_route(
         tmp_path: Path, clean: FolderInfo, monkeypatch: pytest.MonkeyPatch) -> None:
     """Training crops of packed JPEGs are decoded like the image folder's (data/decode.py route
     1: libjpeg-turbo into a tensor, torch resize), not through PIL."""
-    if decode.decode_jpeg is None:
+    if decode.turbo_decoder() is None:
         pytest.skip("this torchvision has no JPEG decoder")
     # stored at most 73 pixels high: no crop is big enough for PIL's reduced-scale decoding
     pack_imagefolder(clean.root, tmp_path / "out", encoding="jpeg", workers=1,

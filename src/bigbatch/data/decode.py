@@ -21,9 +21,11 @@ epoch, index).
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +34,17 @@ from torch.nn import functional
 
 from bigbatch.data.transforms import Box, BoxForSize, draft_factor, image_planes, load_crop
 
-try:
-    from torchvision.io import ImageReadMode, decode_jpeg
-except ImportError:  # a torchvision without its image codecs: every file takes route 2
-    decode_jpeg = None
+
+@functools.cache
+def turbo_decoder() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """torchvision's ``decode_jpeg`` to RGB, or None for a torchvision without its image codecs
+    (then every file takes route 2). Imported on first use: importing torchvision also imports
+    torch._dynamo, about 3 s of CPU in every process, which runs on other data sets do not need."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        return None
+    return functools.partial(decode_jpeg, mode=ImageReadMode.RGB)
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec and warns on every call;
 # route 1 falls back to route 2 by itself if they go, so the warning only adds noise.
@@ -103,11 +112,11 @@ def on_whole_pixels(box: Box) -> bool:
 def takes_turbo_route(frame: JpegFrame | None, box: Box, out_size: int, fast_decode: bool) -> bool:
     """Route 1 (see the module doc) for a file with this JPEG frame (None: not a JPEG) and box."""
     return (
-        decode_jpeg is not None
-        and frame is not None
+        frame is not None
         and frame.components == 3
         and on_whole_pixels(box)
         and not (fast_decode and draft_factor(box, out_size) > 1)
+        and turbo_decoder() is not None
     )
 
 
@@ -126,7 +135,7 @@ def turbo_crop(data: bytes, frame: JpegFrame, box: Box, out_size: int) -> torch.
     """Route 1 on the file's bytes; raises RuntimeError for data libjpeg-turbo cannot decode
     or that decodes to another size than ``frame`` says."""
     encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    image = decode_jpeg(encoded, mode=ImageReadMode.RGB)
+    image = turbo_decoder()(encoded)
     if tuple(image.shape) != (3, frame.height, frame.width):
         raise RuntimeError(f"decoded {tuple(image.shape)}, the frame header says {frame}")
     return resize_box(image, box, out_size)

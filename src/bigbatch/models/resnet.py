@@ -9,10 +9,12 @@ large-batch work train, so we use torchvision's rather than keep a fork.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from torch import nn
-from torchvision.models import resnet as tv_resnet
+
+if TYPE_CHECKING:
+    from torchvision.models.resnet import ResNet
 
 _STEM_WIDTH = 64
 
@@ -25,17 +27,20 @@ def _stem_conv(in_channels: int) -> nn.Conv2d:
 
 
 def _build_resnet(
-    factory: Callable[..., tv_resnet.ResNet],
-    num_classes: int,
-    in_channels: int,
-    zero_init_residual: bool,
-) -> tv_resnet.ResNet:
-    """``zero_init_residual`` zeroes the last BN gamma of every residual branch (bn3 in a
-    Bottleneck, bn2 in a BasicBlock), so each block starts as the identity (Goyal et al. 2017,
-    §5.1): the large-batch SGD baseline of the paper's comparison uses it."""
+    factory: str, num_classes: int, in_channels: int, zero_init_residual: bool
+) -> ResNet:
+    """torchvision's ``factory`` (``"resnet50"``, ``"resnet18"``). ``zero_init_residual`` zeroes
+    the last BN gamma of every residual branch (bn3 in a Bottleneck, bn2 in a BasicBlock), so
+    each block starts as the identity (Goyal et al. 2017, §5.1): the large-batch SGD baseline of
+    the paper's comparison uses it. torchvision is imported here, not with the module: importing
+    it costs about 3 s of CPU in every process, which runs of other models do not need."""
+    from torchvision.models import resnet as tv_resnet
+
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
-    model = factory(weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual)
+    model = getattr(tv_resnet, factory)(
+        weights=None, num_classes=num_classes, zero_init_residual=zero_init_residual
+    )
     if in_channels != 3:
         model.conv1 = _stem_conv(in_channels)
     return model
@@ -43,13 +48,13 @@ def _build_resnet(
 
 def resnet50(
     num_classes: int, in_channels: int = 3, *, zero_init_residual: bool = False
-) -> tv_resnet.ResNet:
+) -> ResNet:
     """ResNet-50 (bottleneck blocks 3-4-6-3), randomly initialised."""
-    return _build_resnet(tv_resnet.resnet50, num_classes, in_channels, zero_init_residual)
+    return _build_resnet("resnet50", num_classes, in_channels, zero_init_residual)
 
 
 def resnet18(
     num_classes: int, in_channels: int = 3, *, zero_init_residual: bool = False
-) -> tv_resnet.ResNet:
+) -> ResNet:
     """ResNet-18 (basic blocks 2-2-2-2), randomly initialised."""
-    return _build_resnet(tv_resnet.resnet18, num_classes, in_channels, zero_init_residual)
+    return _build_resnet("resnet18", num_classes, in_channels, zero_init_residual)
