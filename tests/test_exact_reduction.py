@@ -105,14 +105,27 @@ def assert_same_run(run, reference):
     assert train_losses(run) == train_losses(reference)  # every step's logged loss
 
 
+@pytest.fixture(scope="module")
+def exact_run(tmp_path_factory):
+    """``exact_run(n)``: the EXACT run's folder on ``n`` processes, trained once for the module
+    (the 2-process run is both a layout compared and the uninterrupted reference of a resume)."""
+    runs = {}
+
+    def run(nproc: int):
+        if nproc not in runs:
+            runs[nproc] = tmp_path_factory.mktemp(f"exact{nproc}") / "run"
+            run_bigbatch(["train", *EXACT, "--out", str(runs[nproc])], nproc=nproc, timeout=600)
+        return runs[nproc]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.fashion_mnist
-def test_one_two_and_four_processes_give_the_same_bits_at_the_recipes_lr(tmp_path):
-    runs = {}
-    for nproc in (1, 2, 4):
-        runs[nproc] = tmp_path / f"w{nproc}"
-        run_bigbatch(["train", *EXACT, "--out", str(runs[nproc])], nproc=nproc, timeout=600)
-        assert summary(runs[nproc])["accumulation_steps"] == 4 // nproc
+def test_one_two_and_four_processes_give_the_same_bits_at_the_recipes_lr(exact_run):
+    runs = {nproc: exact_run(nproc) for nproc in (1, 2, 4)}
+    for nproc, run in runs.items():
+        assert summary(run)["accumulation_steps"] == 4 // nproc
     assert len(train_losses(runs[1])) == 6
     assert_same_run(runs[2], runs[1])
     assert_same_run(runs[4], runs[1])
@@ -120,9 +133,9 @@ def test_one_two_and_four_processes_give_the_same_bits_at_the_recipes_lr(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.fashion_mnist
-def test_a_run_killed_on_two_processes_and_resumed_on_one_gives_the_same_bits(tmp_path):
-    reference = tmp_path / "uninterrupted"
-    run_bigbatch(["train", *EXACT, "--out", str(reference)], nproc=2, timeout=600)
+def test_a_run_killed_on_two_processes_and_resumed_on_one_gives_the_same_bits(exact_run,
+                                                                             tmp_path):
+    reference = exact_run(2)
     resumed = tmp_path / "resumed"
     common = ["train", *EXACT, "--out", str(resumed), "--checkpoint-every", "1"]
     crashed = run_bigbatch(common, nproc=2, env={"BIGBATCH_FAULT": "crash:step=3:rank=1"},
