@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from imagegen import make_image_folder
-from launch import TINY, run_bigbatch, summary
+from launch import TINY, process_env, run_bigbatch, summary
 
 pytestmark = pytest.mark.slow
 
@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 def bigbatch(*args, check=False):
     return subprocess.run(
         [sys.executable, "-m", "bigbatch", *args],
+        env=process_env(),  # one intra-op thread, as run_bigbatch's processes have
         capture_output=True,
         text=True,
         timeout=300,
