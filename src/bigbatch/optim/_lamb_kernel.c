@@ -9,7 +9,9 @@
  *   2. x ← x + c·u with c = −η·‖x‖/‖u‖ (−η if a norm is 0), u read back from cache.
  *
  * A group without adaptation (`adapt` = 0) takes one pass, x ← x + (−η)·u. The operations are
- * the eager step's (bigbatch.optim.lamb), in its order; only the norms sum in another order.
+ * the eager step's (bigbatch.optim.lamb), in its order, true divisions included; the two differ
+ * in the last bits only: the norms sum in another order, and PyTorch's vectorized loops fuse
+ * some multiply-adds.
  * The norms are a pure function of the values (fixed chunks, blocks and lanes by index, added in
  * a fixed order: _chunked_sums.h): neither the memory alignment nor the number of threads
  * changes a bit. Built with -ffp-contract=off (no fused multiply-add) and -fno-math-errno (so

@@ -19,7 +19,7 @@ kernel is not built, the step is multi-tensor (``torch._foreach_*``) and free of
 synchronisation: the ratios stay on the device, the bias corrections come from a host-side step
 count; on CPU in the same cache-sized buckets. Both paths give the same bits for the same values
 wherever the tensors lie in memory; they differ from each other in the last bits (their norms
-sum in different orders).
+sum in different orders, and PyTorch's vectorized loops fuse some multiply-adds).
 """
 
 from __future__ import annotations
