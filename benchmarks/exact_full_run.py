@@ -2,6 +2,8 @@
 
     python benchmarks/exact_full_run.py                  # runs into runs/exact_full_run/
     python benchmarks/exact_full_run.py --layouts exact-w1,exact-w2,exact-w4,default-w1
+    python benchmarks/exact_full_run.py --threads 1 --runs runs/exact_full_run_t1 \
+        --record full_run_1thread --layouts exact-w1,exact-w2,exact-w4
 
 Each layout is `bigbatch train` with no other arguments than the mode (the recipe's model, batch,
 LR 20, 280 steps, channels_last, the precision `auto` picks), under torchrun (gloo) for more than
@@ -10,6 +12,12 @@ continues where it stopped. Writes docs/results/exact_reduction/full_run.json: e
 wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
 statistics and per-step losses are bit-identical to the 1-process exact run's; the runs'
 summary.json files are copied beside it.
+
+Intra-op threads: by default each process gets the cores divided by the processes (what a user
+gets). The exact mode makes every *sum across micro-batches* independent of the layout; each
+micro-batch's own forward and backward are computed by the CPU kernels, whose results can
+depend on the number of threads they run on. ``--threads N`` gives every process N threads, so
+the layouts compute each micro-batch alike and differ only in how micro-batches are spread.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ LAYOUTS = {"exact-w1": (1, True), "exact-w2": (2, True), "exact-w4": (4, True),
            "default-w1": (1, False)}
 
 
-def run(name: str, out: Path, source: Path) -> None:
+def run(name: str, out: Path, source: Path, threads: int | None) -> None:
     processes, exact = LAYOUTS[name]
     if (out / "summary.json").exists():
         return
@@ -38,7 +46,7 @@ def run(name: str, out: Path, source: Path) -> None:
     command = [*launcher, "-m", "bigbatch", "train", "--out", str(out), "--resume", "auto",
                "--set", f"exact_reduction={str(exact).lower()}"]
     env = dict(os.environ, PYTHONPATH=str(source),
-               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // processes)))
+               OMP_NUM_THREADS=str(threads or max(1, (os.cpu_count() or 2) // processes)))
     subprocess.run(command, env=env, check=True)
 
 
@@ -61,13 +69,17 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "exact_full_run")
     parser.add_argument("--src", type=Path, default=REPO / "src",
                         help="the source tree to run (e.g. a snapshot of src/)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads of every process (default: cores / processes)")
+    parser.add_argument("--record", default="full_run", help="record file name, no suffix")
     args = parser.parse_args()
     names = args.layouts.split(",")
     for name in names:
-        run(name, args.runs / name, args.src)
+        run(name, args.runs / name, args.src, args.threads)
     folder = RESULTS_DIR / "exact_reduction"
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"command": "python benchmarks/exact_full_run.py --layouts " + args.layouts,
+    record = {"command": "python " + " ".join(["benchmarks/exact_full_run.py", *sys.argv[1:]]),
+              "threads_per_process": args.threads or "cores / processes",
               "machine": machine_info(), "runs": {}}
     for name in names:
         summary = json.loads((args.runs / name / "summary.json").read_text())
@@ -77,8 +89,9 @@ def main() -> None:
             entry["bit_identical_to_exact_w1"] = identical(args.runs / name,
                                                            args.runs / "exact-w1")
         record["runs"][name] = entry
-        shutil.copy(args.runs / name / "summary.json", folder / f"{name}.summary.json")
-    (folder / "full_run.json").write_text(json.dumps(record, indent=2) + "\n")
+        shutil.copy(args.runs / name / "summary.json",
+                    folder / f"{args.record}.{name}.summary.json")
+    (folder / f"{args.record}.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record["runs"], indent=2))
 
 
