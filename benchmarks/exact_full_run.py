@@ -11,7 +11,7 @@ one process. A layout whose summary.json exists is not run again, so rerunning t
 continues where it stopped. Writes docs/results/exact_reduction/full_run.json: each run's top-1,
 wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
 statistics and per-step losses are bit-identical to the 1-process exact run's; the runs'
-summary.json files are copied beside it.
+summary.json and metrics.jsonl files are copied beside it.
 
 Intra-op threads: by default each process gets the cores divided by the processes (what a user
 gets). The exact mode makes every *sum across micro-batches* independent of the layout; each
@@ -89,8 +89,8 @@ def main() -> None:
             entry["bit_identical_to_exact_w1"] = identical(args.runs / name,
                                                            args.runs / "exact-w1")
         record["runs"][name] = entry
-        shutil.copy(args.runs / name / "summary.json",
-                    folder / f"{args.record}.{name}.summary.json")
+        for part in ("summary.json", "metrics.jsonl"):
+            shutil.copy(args.runs / name / part, folder / f"{args.record}.{name}.{part}")
     (folder / f"{args.record}.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record["runs"], indent=2))
 
