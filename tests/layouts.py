@@ -1,9 +1,27 @@
-"""Tensor layouts for the optimizer kernels' tests: the same values freshly allocated or as views
-into one flat buffer at odd offsets (as DDP's gradient_as_bucket_view buckets place them)."""
+"""What the optimizer kernels' tests share: running a test on the compiled kernel and on the
+eager fallback, and tensor layouts (the same values freshly allocated or as views into one flat
+buffer at odd offsets, as DDP's gradient_as_bucket_view buckets place them)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
+from types import ModuleType
+
+import pytest
 import torch
+
+
+def kernel_or_eager(path: str, kernel: ModuleType, monkeypatch, source: str) -> str:
+    """For an autouse fixture parametrised over ["kernel", "eager"]: the eager path with the
+    kernel unloaded, or the kernel, which must have been built where a C compiler exists."""
+    if path == "eager":
+        monkeypatch.setattr(kernel, "_KERNELS", None)
+    elif not kernel.available():
+        if sys.platform.startswith("linux") and shutil.which("gcc"):
+            pytest.fail(f"pip install -e . did not build the kernel ({source})")
+        pytest.skip(f"the kernel ({source}) is not built on this platform")
+    return path
 
 # Tensors of one chunk of the kernels (16384 values) and of several, 527 thousand values in all.
 LAYOUT_SHAPES = [(10, 10), (8, 5, 5, 5), (25,), (1000,), (64, 3, 7, 7), (120_001,),

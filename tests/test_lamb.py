@@ -4,12 +4,10 @@ CPU kernel and on the eager fallback."""
 from __future__ import annotations
 
 import math
-import shutil
-import sys
 
 import pytest
 import torch
-from layouts import LAYOUT_SHAPES, odd_offset_views
+from layouts import LAYOUT_SHAPES, kernel_or_eager, odd_offset_views
 from timm.optim import Lamb
 from torch import nn
 
@@ -22,13 +20,7 @@ LRS = [0.01, 0.02, 0.05, 0.03, 0.01]
 @pytest.fixture(autouse=True, params=["kernel", "eager"])
 def lamb_path(request, monkeypatch):
     """Every test runs on the compiled CPU kernel and on the eager fallback."""
-    if request.param == "eager":
-        monkeypatch.setattr(lamb_kernel, "_KERNELS", None)
-    elif not lamb_kernel.available():
-        if sys.platform.startswith("linux") and shutil.which("gcc"):
-            pytest.fail("pip install -e . did not build the LAMB kernel (_lamb_kernel.c)")
-        pytest.skip("the LAMB kernel is not built on this platform")
-    return request.param
+    return kernel_or_eager(request.param, lamb_kernel, monkeypatch, "_lamb_kernel.c")
 
 
 def make_params(seed: int = 0) -> list[nn.Parameter]:

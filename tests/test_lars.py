@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
-import sys
 
 import pytest
 import torch
-from layouts import LAYOUT_SHAPES, odd_offset_views
+from layouts import LAYOUT_SHAPES, kernel_or_eager, odd_offset_views
 from torch import nn
 
 from bigbatch.optim import LARS, build_optimizer, lars_kernel, parameter_groups
@@ -20,13 +18,7 @@ SHAPES = [(6, 4), (3, 2, 3, 3), (5,), (7, 1)]
 @pytest.fixture(autouse=True, params=["kernel", "eager"])
 def lars_path(request, monkeypatch):
     """Every test runs on the compiled CPU kernel and on the eager fallback."""
-    if request.param == "eager":
-        monkeypatch.setattr(lars_kernel, "_KERNELS", None)
-    elif not lars_kernel.available():
-        if sys.platform.startswith("linux") and shutil.which("gcc"):
-            pytest.fail("pip install -e . did not build the LARS kernel (_lars_kernel.c)")
-        pytest.skip("the LARS kernel is not built on this platform")
-    return request.param
+    return kernel_or_eager(request.param, lars_kernel, monkeypatch, "_lars_kernel.c")
 
 
 def make_params(dtype: torch.dtype = torch.float64, seed: int = 0) -> list[nn.Parameter]:

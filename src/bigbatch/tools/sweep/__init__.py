@@ -1,4 +1,5 @@
-"""The batch-size scaling study: accuracy against global batch, SGD (linear scaling) vs LARS.
+"""The batch-size scaling study: accuracy against global batch, SGD (linear scaling) against
+LARS (either semantics) and LAMB.
 
     bigbatch sweep --recipe fashion-mnist --batch-sizes 128,512,2048,8192,16384 \
         --optimizers sgd,lars --epochs 4 --lrs-per-point 3 --out runs/sweep
@@ -16,6 +17,14 @@ Grid centres (the rule each optimizer is known by):
   slower than B (AlexNet-BN: 2 at 512, 10 at 4K, 14 at 8K, 23 at 16K, 22 at 32K, i.e. x11 for
   x64 in batch); sqrt scaling (x8 for x64) is the simplest rule that tracks that curve, and the
   grid plus automatic extension absorbs the rest.
+* ``lars-paper`` / ``lars-mlperf``: LARS with every tensor adapted (the authors' Intel Caffe
+  release) / with BatchNorm and bias tensors excluded (MLPerf), each pinned whatever the recipe
+  says; ``lamb``: LAMB (You et al., ICLR 2020), square-root scaling. Each has its own
+  ``--<name>-lr`` / ``--<name>-reference-batch`` (series.py).
+
+With ``--set eval.bn_recompute=N`` every run reports top-1 with recomputed BatchNorm statistics
+and as trained; the best LR is chosen on the recomputed number. ``--seeds`` and
+``--seed-batches`` rerun the best LR of the named batches with more seeds.
 
 Anchoring (default): the smallest batch's grid is centred on the rule as given (``--sgd-lr`` at
 ``--sgd-reference-batch``, likewise for LARS); every larger batch's grid is centred on the best
@@ -36,5 +45,6 @@ A run that stops on a non-finite loss is recorded as diverged (top-1 ``nan``). A
 ``summary.json`` (or ``diverged.json``) exists is not run again, so an interrupted sweep resumes
 where it stopped, and a run cut short mid-way resumes from its last checkpoint.
 
-Modules: search (LR grids), records (results and files), runner (runs and the loop).
+Modules: series (the optimizers compared), search (LR grids), records (results and files),
+runner (runs and the loop).
 """
