@@ -40,3 +40,15 @@ def odd_offset_views(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         views.append(flat[offset:offset + t.numel()].view(t.shape).copy_(t))
         offset += t.numel()
     return views
+
+
+def assert_column_major_gradients_step_alike(opt, ref, params, reference, grads) -> None:
+    """Step ``opt`` with column-major copies of ``grads`` (which a kernel does not take) and
+    ``ref`` with contiguous ones: the weights must come out the same."""
+    for p, q, g in zip(params, reference, grads, strict=True):
+        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
+        q.grad = g.clone()
+    opt.step()
+    ref.step()
+    for p, q in zip(params, reference, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)

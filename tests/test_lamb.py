@@ -7,7 +7,12 @@ import math
 
 import pytest
 import torch
-from layouts import LAYOUT_SHAPES, kernel_or_eager, odd_offset_views
+from layouts import (
+    LAYOUT_SHAPES,
+    assert_column_major_gradients_step_alike,
+    kernel_or_eager,
+    odd_offset_views,
+)
 from timm.optim import Lamb
 from torch import nn
 
@@ -243,13 +248,7 @@ def test_kernel_takes_the_cpu_float_tensors_and_leaves_the_rest_to_eager(lamb_pa
 def test_non_contiguous_gradient_takes_the_eager_path_with_the_same_result():
     params, reference = make_params(), make_params()
     opt, ref = LAMB(params, lr=0.01), LAMB(reference, lr=0.01)
-    for p, q, g in zip(params, reference, grads_for(0), strict=True):
-        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
-        q.grad = g.clone()
-    opt.step()
-    ref.step()
-    for p, q in zip(params, reference, strict=True):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+    assert_column_major_gradients_step_alike(opt, ref, params, reference, grads_for(0))
 
 
 def test_step_bumps_the_version_of_weights_and_moments():

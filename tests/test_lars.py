@@ -7,7 +7,12 @@ import math
 
 import pytest
 import torch
-from layouts import LAYOUT_SHAPES, kernel_or_eager, odd_offset_views
+from layouts import (
+    LAYOUT_SHAPES,
+    assert_column_major_gradients_step_alike,
+    kernel_or_eager,
+    odd_offset_views,
+)
 from torch import nn
 
 from bigbatch.optim import LARS, build_optimizer, lars_kernel, parameter_groups
@@ -476,13 +481,7 @@ def test_non_contiguous_gradient_takes_the_eager_path_with_the_same_result():
     params, reference = make_params(), make_params()
     opt, ref = LARS(params, lr=1.0, trust_coefficient=0.02), LARS(reference, lr=1.0,
                                                                    trust_coefficient=0.02)
-    for p, q, g in zip(params, reference, grads_for(0), strict=True):
-        p.grad = g.t().contiguous().t() if g.ndim == 2 else g  # column-major copy
-        q.grad = g.clone()
-    opt.step()
-    ref.step()
-    for p, q in zip(params, reference, strict=True):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-12)
+    assert_column_major_gradients_step_alike(opt, ref, params, reference, grads_for(0))
 
 
 def test_kernel_bits_do_not_depend_on_the_thread_count(lars_path):
