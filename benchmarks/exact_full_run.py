@@ -3,14 +3,16 @@
     python benchmarks/exact_full_run.py                  # runs into runs/exact_full_run/
     python benchmarks/exact_full_run.py --layouts exact-w1,exact-w2,exact-w4,default-w1
     python benchmarks/exact_full_run.py --threads 1 --runs runs/exact_full_run_t1 \
-        --record full_run_1thread --layouts exact-w1,exact-w2,exact-w4
+        --record full_run_1thread --layouts exact-w1,exact-w2,exact-w4,exact-w2-killed-w4
 
 Each layout is `bigbatch train` with no other arguments than the mode (the recipe's model, batch,
 LR 20, 280 steps, channels_last, the precision `auto` picks), under torchrun (gloo) for more than
 one process. A layout whose summary.json exists is not run again, so rerunning the command
 continues where it stopped. Writes docs/results/exact_reduction/full_run.json: each run's top-1,
 wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
-statistics and per-step losses are bit-identical to the 1-process exact run's; the runs'
+statistics and per-step losses are bit-identical to the 1-process exact run's (the layout
+exact-w2-killed-w4 runs on 2 processes, rank 1 crashes at the start of step 141, and 4 processes
+resume it from the step-140 checkpoint); the runs'
 summary.json and metrics.jsonl files are copied beside it.
 
 Intra-op threads: by default each process gets the cores divided by the processes (what a user
@@ -34,20 +36,44 @@ import torch
 from common import REPO, RESULTS_DIR, machine_info
 
 LAYOUTS = {"exact-w1": (1, True), "exact-w2": (2, True), "exact-w4": (4, True),
-           "default-w1": (1, False)}
+           "default-w1": (1, False), "exact-w2-killed-w4": (2, True)}
+# A layout killed mid-way and resumed on another number of processes: (the step at whose start
+# rank 1 crashes, the processes that resume it). Checkpoints are written every step.
+KILLED = {"exact-w2-killed-w4": (141, 4)}
+
+
+def launch(processes: int, out: Path, exact: bool, source: Path, threads: int | None,
+           extra: list[str], fault: str | None = None) -> int:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable])
+    command = [*launcher, "-m", "bigbatch", "train", "--out", str(out), "--resume", "auto",
+               "--set", f"exact_reduction={str(exact).lower()}", *extra]
+    env = dict(os.environ, PYTHONPATH=str(source),
+               OMP_NUM_THREADS=str(threads or max(1, (os.cpu_count() or 2) // processes)))
+    env.pop("BIGBATCH_FAULT", None)
+    if fault:
+        env["BIGBATCH_FAULT"] = fault
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 def run(name: str, out: Path, source: Path, threads: int | None) -> None:
     processes, exact = LAYOUTS[name]
     if (out / "summary.json").exists():
         return
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc-per-node={processes}"] if processes > 1 else [sys.executable])
-    command = [*launcher, "-m", "bigbatch", "train", "--out", str(out), "--resume", "auto",
-               "--set", f"exact_reduction={str(exact).lower()}"]
-    env = dict(os.environ, PYTHONPATH=str(source),
-               OMP_NUM_THREADS=str(threads or max(1, (os.cpu_count() or 2) // processes)))
-    subprocess.run(command, env=env, check=True)
+    if name not in KILLED:
+        if launch(processes, out, exact, source, threads, []) != 0:
+            raise SystemExit(f"{name} failed")
+        return
+    crash_step, resume_processes = KILLED[name]
+    every_step = ["--checkpoint-every", "1"]
+    if not (out / "killed").exists():
+        code = launch(processes, out, exact, source, threads, every_step,
+                      fault=f"crash:step={crash_step}:rank=1")
+        if code == 0:
+            raise SystemExit(f"{name}: the run was not killed at step {crash_step}")
+        (out / "killed").write_text(f"rank 1 crashed at the start of step {crash_step}\n")
+    if launch(resume_processes, out, exact, source, threads, every_step) != 0:
+        raise SystemExit(f"{name}: the resumed run failed")
 
 
 def losses(run_dir: Path) -> list[float]:
