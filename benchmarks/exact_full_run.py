@@ -11,8 +11,8 @@ one process. A layout whose summary.json exists is not run again, so rerunning t
 continues where it stopped. Writes docs/results/exact_reduction/full_run.json: each run's top-1,
 wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
 statistics and per-step losses are bit-identical to the 1-process exact run's (the layout
-exact-w2-killed-w4 runs on 2 processes, rank 1 crashes at the start of step 141, and 4 processes
-resume it from the step-140 checkpoint); the runs'
+exact-w2-killed-w4 runs on 2 processes, rank 1 is killed after 141 of the 280 steps (fault
+`crash:step=141`), and 4 processes resume it from the step-141 checkpoint); the runs'
 summary.json and metrics.jsonl files are copied beside it.
 
 Intra-op threads: by default each process gets the cores divided by the processes (what a user
@@ -37,8 +37,8 @@ from common import REPO, RESULTS_DIR, machine_info
 
 LAYOUTS = {"exact-w1": (1, True), "exact-w2": (2, True), "exact-w4": (4, True),
            "default-w1": (1, False), "exact-w2-killed-w4": (2, True)}
-# A layout killed mid-way and resumed on another number of processes: (the step at whose start
-# rank 1 crashes, the processes that resume it). Checkpoints are written every step.
+# A layout killed mid-way and resumed on another number of processes: (the fault's step, after
+# which rank 1 exits, the processes that resume it). Checkpoints are written every step.
 KILLED = {"exact-w2-killed-w4": (141, 4)}
 
 
