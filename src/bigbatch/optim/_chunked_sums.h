@@ -14,6 +14,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #define CHUNK 16384
 #define BLOCK 1024
 #define LANES 32
@@ -86,6 +90,39 @@ static int make_plan(const int64_t *numel, int64_t count, int64_t bucket_element
     bound[3] = count;
     p->buckets += count > 0;
     return 0;
+}
+
+/* The first of the chunks [first, last) (one bucket's) that starts at or after element `goal`
+ * of the bucket. */
+static int64_t chunk_at(const Plan *p, int64_t first, int64_t last, int64_t goal) {
+    while (first < last) {
+        int64_t mid = first + (last - first) / 2;
+        if (p->chunks[mid].slot < goal)
+            first = mid + 1;
+        else
+            last = mid;
+    }
+    return first;
+}
+
+/* The calling thread's share [*lo, *hi) of one bucket's chunks [first, last): about as many
+ * elements to each thread (a bucket mixes large tensors' full chunks with small tensors' short
+ * ones), and the same share in every pass over the bucket, so that a second pass that walks its
+ * share backwards finds the chunks it touched last still in this core's cache. */
+static void thread_share(const Plan *p, int64_t first, int64_t last, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+    int64_t id = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+    int64_t id = 0, n = 1;
+#endif
+    if (first >= last) {
+        *lo = *hi = first;
+        return;
+    }
+    const Chunk *end = &p->chunks[last - 1];
+    int64_t size = end->slot + (end->stop - end->start);
+    *lo = chunk_at(p, first, last, size * id / n);
+    *hi = chunk_at(p, first, last, size * (id + 1) / n);
 }
 
 /* The first chunk of the tensor that chunk c belongs to. */

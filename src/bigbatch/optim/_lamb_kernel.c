@@ -4,14 +4,15 @@
  *
  *   1. the moments and the Adam update with weight decay, and both squared norms, per chunk:
  *        m ← β₁·m + (1 − β₁)·g   (as torch.lerp)      v ← β₂·v + (1 − β₂)·g·g
- *        u = (m / (1 − β₁ᵗ)) / (√v / √(1 − β₂ᵗ) + ε) + λ·x     into a bucket-sized scratch
- *        ‖x‖², ‖u‖²
- *   2. x ← x + c·u with c = −η·‖x‖/‖u‖ (−η if a norm is 0), u read back from cache.
+ *        u = (m · (1/(1 − β₁ᵗ))) / (√v · (1/√(1 − β₂ᵗ)) + ε) + λ·x   into a bucket-sized scratch
+ *        ‖x‖², ‖u‖²  (summed over the chunk after its u is written: a loop of few registers)
+ *   2. x ← x + c·u with c = −η·‖x‖/‖u‖ (−η if a norm is 0), each thread walking its chunks of
+ *      pass 1 backwards, so that u and x come back from cache where they still are.
  *
  * A group without adaptation (`adapt` = 0) takes one pass, x ← x + (−η)·u. The operations are
- * the eager step's (bigbatch.optim.lamb), in its order, true divisions included; the two differ
- * in the last bits only: the norms sum in another order, and PyTorch's vectorized loops fuse
- * some multiply-adds.
+ * the eager step's (bigbatch.optim.lamb), in its order, with one division an element (the bias
+ * corrections are multiplied by their reciprocals in both); the two differ in the last bits
+ * only: the norms sum in another order, and PyTorch's vectorized loops fuse some multiply-adds.
  * The norms are a pure function of the values (fixed chunks, blocks and lanes by index, added in
  * a fixed order: _chunked_sums.h): neither the memory alignment nor the number of threads
  * changes a bit. Built with -ffp-contract=off (no fused multiply-add) and -fno-math-errno (so
@@ -53,7 +54,7 @@ static double trust_ratio(const Plan *p, int64_t c) {
 #define ADAM_CONSTANTS(T, o, bc1, bc2)                                                         \
     const T w1 = (T)(1.0 - (o)->beta1), b2 = (T)(o)->beta2, w2 = (T)(1.0 - (o)->beta2);        \
     const T eps = (T)(o)->eps, wd = (T)(o)->weight_decay, one = (T)1;                          \
-    const T c1 = (T)(bc1), s2 = (T)(bc2);                                                      \
+    const T r1 = (T)(1.0 / (bc1)), r2 = (T)(1.0 / (bc2));                                      \
     const int small = w1 < (T)0.5, decay = (o)->weight_decay != 0.0;
 
 /* u of element k of weights W (m and v updated in place); torch.lerp's two forms by the
@@ -64,7 +65,7 @@ static double trust_ratio(const Plan *p, int64_t c) {
     m[k] = mk;                                                                                 \
     T vk = b2 * v[k] + w2 * gk * gk;                                                           \
     v[k] = vk;                                                                                 \
-    T u = mk / c1 / (SQRT(vk) / s2 + eps);                                                     \
+    T u = mk * r1 / (SQRT(vk) * r2 + eps);                                                     \
     if (decay) u = u + wd * W[k];
 
 #define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                        \
@@ -73,8 +74,11 @@ static double trust_ratio(const Plan *p, int64_t c) {
                                            int64_t n, const LambOptions *o, double bc1,        \
                                            double bc2, double *sums) {                         \
         ADAM_CONSTANTS(T, o, bc1, bc2)                                                         \
-        BLOCKED_SUMSQ(T, n, 2, ADAM_UPDATE(T, SQRT, w, k) out[k] = u; x = w[k]; y = u,         \
-                      sums)                                                                    \
+        for (int64_t k = 0; k < n; k++) {                                                      \
+            ADAM_UPDATE(T, SQRT, w, k)                                                         \
+            out[k] = u;                                                                        \
+        }                                                                                      \
+        BLOCKED_SUMSQ(T, n, 2, x = w[k]; y = out[k], sums)                                     \
     }                                                                                          \
                                                                                                \
     /* Pass 2: x ← x + c·u. */                                                                 \
@@ -122,17 +126,18 @@ static double trust_ratio(const Plan *p, int64_t c) {
                     continue;                                                                  \
                 }                                                                              \
                 T *u = scratch + (b % 2) * p.widest;                                           \
-                _Pragma("omp for schedule(static)")                                            \
-                for (int64_t c = bound[0]; c < bound[1]; c++) {                                \
+                int64_t lo, hi;                                                                \
+                thread_share(&p, bound[0], bound[1], &lo, &hi);                                \
+                for (int64_t c = lo; c < hi; c++) {                                            \
                     const Chunk *k = &p.chunks[c];                                             \
                     int64_t t = k->tensor, s = k->start;                                       \
                     moments_##SUFFIX(x[t] + s, g[t] + s, m[t] + s, v[t] + s, u + k->slot,      \
                                      k->stop - s, o, bc1[t], bc2[t], &p.partial[2 * c]);       \
                 }                                                                              \
+                _Pragma("omp barrier")                                                         \
                 int64_t tensor = -1;                                                           \
                 T coef = (T)0;                                                                 \
-                _Pragma("omp for schedule(static) nowait")                                     \
-                for (int64_t c = bound[0]; c < bound[1]; c++) {                                \
+                for (int64_t c = hi - 1; c >= lo; c--) {                                       \
                     const Chunk *k = &p.chunks[c];                                             \
                     int64_t t = k->tensor;                                                     \
                     if (t != tensor) {                                                         \

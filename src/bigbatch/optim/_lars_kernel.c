@@ -72,9 +72,10 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
         return sum[0];                                                                         \
     }                                                                                          \
                                                                                                \
-    /* The step, bucket by bucket: the chunks' norms (shared among the threads; one barrier),  \
-     * then the update, each thread working out the ratio of the tensors its chunks belong to  \
-     * (the same sum in the same order whichever thread it is). */                             \
+    /* The step, bucket by bucket: the chunks' norms (each thread its share; one barrier),     \
+     * then the update of the same share walked backwards (thread_share), each thread working  \
+     * out the ratio of the tensors its chunks belong to (the same sum in the same order       \
+     * whichever thread it is). */                                                             \
     int lars_step_##SUFFIX(T **w, T **g, T **v, const int64_t *numel, int64_t count,           \
                            const LarsOptions *o, double *w_sq, T *ratios_out) {                \
         Plan p;                                                                                \
@@ -85,29 +86,30 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
         {                                                                                      \
             for (int64_t b = 0; b < p.buckets; b++) {                                          \
                 const int64_t *bound = &p.bounds[4 * b];                                       \
+                int64_t lo, hi;                                                                \
+                thread_share(&p, bound[0], bound[1], &lo, &hi);                                \
                 if (o->lars) {                                                                 \
-                    _Pragma("omp for schedule(static)")                                        \
-                    for (int64_t c = bound[0]; c < bound[1]; c++) {                            \
+                    for (int64_t c = lo; c < hi; c++) {                                        \
                         const Chunk *k = &p.chunks[c];                                         \
                         int64_t t = k->tensor, n = k->stop - k->start;                         \
                         p.partial[3 * c] =                                                     \
                             w_sq[t] >= 0.0 ? 0.0 : sumsq_##SUFFIX(w[t] + k->start, n);         \
                         p.partial[3 * c + 1] = sumsq_##SUFFIX(g[t] + k->start, n);             \
                     }                                                                          \
+                    _Pragma("omp barrier")                                                     \
                 }                                                                              \
-                int64_t tensor = -1;                                                           \
-                T cg = (T)o->lr;                                                               \
-                _Pragma("omp for schedule(static) nowait")                                     \
-                for (int64_t c = bound[0]; c < bound[1]; c++) {                                \
+                int64_t tensor = -1, first = -1;                                               \
+                T cg = (T)o->lr, ratio = (T)1;                                                 \
+                for (int64_t c = hi - 1; c >= lo; c--) {                                       \
                     const Chunk *k = &p.chunks[c];                                             \
                     int64_t t = k->tensor, n = k->stop - k->start;                             \
                     if (o->lars && t != tensor) {                                              \
-                        int64_t first = first_chunk(&p, c);                                    \
-                        T ratio = (T)trust_ratio(&p, first, w_sq, o);                          \
-                        if (first == c) ratios_out[t] = ratio;                                 \
+                        first = first_chunk(&p, c);                                            \
+                        ratio = (T)trust_ratio(&p, first, w_sq, o);                            \
                         cg = ratio * (T)o->lr;                                                 \
                         tensor = t;                                                            \
                     }                                                                          \
+                    if (o->lars && c == first) ratios_out[t] = ratio;                          \
                     T cw = cg * (T)o->weight_decay;                                            \
                     p.partial[3 * c + 2] =                                                     \
                         (o->nesterov ? nesterov_##SUFFIX : update_##SUFFIX)(                   \

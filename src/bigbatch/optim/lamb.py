@@ -124,11 +124,11 @@ def _bucket_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor]
     torch._foreach_lerp_(avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(avg_sqs, beta2)
     torch._foreach_addcmul_(avg_sqs, grads, grads, value=1.0 - beta2)
-    # r = (m / (1 − β₁ᵗ)) / (√v / √(1 − β₂ᵗ) + ε)
+    # r = (m · (1 / (1 − β₁ᵗ))) / (√v · (1 / √(1 − β₂ᵗ)) + ε): one division an element
     denom = torch._foreach_sqrt(avg_sqs)
-    torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in steps])
+    torch._foreach_mul_(denom, [1.0 / math.sqrt(1.0 - beta2**t) for t in steps])
     torch._foreach_add_(denom, group["eps"])
-    update = torch._foreach_div(avgs, [1.0 - beta1**t for t in steps])
+    update = torch._foreach_mul(avgs, [1.0 / (1.0 - beta1**t) for t in steps])
     torch._foreach_div_(update, denom)
     if group["weight_decay"] != 0.0:
         torch._foreach_add_(update, params, alpha=group["weight_decay"])
