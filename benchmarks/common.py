@@ -69,12 +69,13 @@ def load_average() -> dict[str, float]:
 
 
 def git_commit(repo: Path = REPO) -> str | None:
-    """The commit the benchmark ran at, with '+dirty' when tracked files were modified."""
+    """The commit the benchmark ran at, with '+dirty' when tracked files were modified (records
+    under docs/results, which benchmarks append to, do not count)."""
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
-                                "--untracked-files=no"],
+                                "--untracked-files=no", "--", ".", ":!docs/results"],
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

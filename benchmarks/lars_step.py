@@ -22,6 +22,9 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted: on CPU the
                  compiled kernel where it was built
   lamb_eager     the same on its eager multi-tensor path (the fallback without the kernel)
+  lamb_one_pass  the kernel with the trust ratio off on every tensor: Adam with weight decay in
+                 one pass (reads x, g, m, v; writes x, m, v, as fused AdamW), which shows what
+                 the second pass of the trust ratio costs
   timm_lamb      timm.optim.Lamb with the same update (max_grad_norm=None: no global clipping)
 
 Ratios: each row of RATIOS, as the ratio of the medians, the median of the per-repetition ratios
@@ -52,7 +55,8 @@ LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
 RATIOS = [("lars", "sgd_fused"), ("lars_eager", "sgd_fused"), ("lars_compiled", "sgd_fused"),
           ("lars", "sgd_wd"), ("lars", "timm_lars"), ("lars", "lars_eager"),
           ("adamw_fused", "sgd_fused"), ("lamb", "adamw_fused"), ("lamb_eager", "adamw_fused"),
-          ("timm_lamb", "adamw_fused"), ("lamb", "lamb_eager"), ("lamb", "lars")]
+          ("timm_lamb", "adamw_fused"), ("lamb", "lamb_eager"), ("lamb", "lars"),
+          ("lamb_one_pass", "adamw_fused"), ("lamb", "lamb_one_pass")]
 TARGETS = {"lars/sgd_fused <=": 1.3, "lamb/adamw_fused <=": 1.3}
 
 
@@ -82,6 +86,7 @@ def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch
         "timm_lars": Lars(params(), **lars),
         "lamb": LAMB(params(), lr=1e-3, weight_decay=0.01),
         "lamb_eager": EagerLAMB(params(), lr=1e-3, weight_decay=0.01),
+        "lamb_one_pass": LAMB([{"params": params(), "lars": False}], lr=1e-3, weight_decay=0.01),
         "timm_lamb": Lamb(params(), lr=1e-3, weight_decay=0.01, max_grad_norm=None),
     }
     if with_compile:

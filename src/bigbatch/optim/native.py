@@ -56,9 +56,12 @@ def same_dense_layout(*lists: list[Tensor]) -> bool:
         return False
     dtype = lists[0][0].dtype
     for same in zip(*lists, strict=True):
-        stride = same[0].stride()
-        if not (all(t.is_cpu and t.dtype == dtype and t.stride() == stride for t in same)
-                and _dense(same[0])):
+        first = same[0]
+        stride = first.stride()
+        for t in same:
+            if not (t.dtype == dtype and t.is_cpu and t.stride() == stride):
+                return False
+        if not _dense(first):
             return False
     return True
 
