@@ -3,10 +3,13 @@
     python benchmarks/cli_startup.py                          # this checkout
     python benchmarks/cli_startup.py --compare /path/to/other/src --label-compare before
 
-Times `bigbatch --help`, `bigbatch recipes` and `bigbatch train --recipe no-such-recipe` (a
-config error, exit 2) as fresh processes, interleaved round by round with the same commands run
-against another source tree (``--compare``: its ``src`` folder, put first on PYTHONPATH), and
-appends the medians and ranges to docs/results/cli_startup.jsonl.
+Times `bigbatch --help`, `bigbatch recipes`, `bigbatch train --recipe no-such-recipe` (a config
+error, exit 2) and a one-step training run (one process, LARS, 256 Fashion-MNIST images, a
+4-channel small ResNet, then the evaluation on the 10,000 test images: what a run costs beyond its
+steps) as fresh processes, interleaved round by round with the same commands run against another
+source tree (``--compare``: its ``src`` folder, put first on PYTHONPATH), and appends the medians
+and ranges to docs/results/cli_startup.jsonl. A command that exits with another code than its
+own stops the benchmark (the training run needs Fashion-MNIST).
 """
 
 from __future__ import annotations
@@ -15,25 +18,38 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from common import REPO, append_result, interleaved_rounds, load_average, machine_info, median
 
+# name: (arguments, the exit code it must give); "{out}" becomes a fresh folder for each run.
 COMMANDS = {
-    "help": ["--help"],
-    "recipes": ["recipes"],
-    "misspelt_recipe": ["train", "--recipe", "no-such-recipe"],
+    "help": (["--help"], 0),
+    "recipes": (["recipes"], 0),
+    "misspelt_recipe": (["train", "--recipe", "no-such-recipe"], 2),
+    "one_step_train": (["train", "--dataset", "fashion-mnist", "--train-subset", "256",
+                        "--batch-size", "256", "--micro-batch", "256", "--epochs", "1",
+                        "--warmup-epochs", "0", "--model", "small_resnet",
+                        "--set", "model.options.width=4", "--out", "{out}"], 0),
 }
 
 
-def timed_run(source: Path, arguments: list[str]) -> float:
+def timed_run(source: Path, arguments: list[str], expected: int) -> float:
     """Wall seconds of ``python -m bigbatch ARGUMENTS`` with ``source`` first on the path."""
     env = dict(os.environ, PYTHONPATH=str(source))
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bigbatch", *arguments], env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [a.replace("{out}", str(Path(scratch) / "run")) for a in arguments]
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "bigbatch", *command], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              check=False)
+        seconds = time.perf_counter() - started
+    if done.returncode != expected:
+        sys.exit(f"cli_startup: `bigbatch {' '.join(arguments)}` from {source} exited "
+                 f"{done.returncode}, not {expected}: {done.stderr.strip()[-300:]}")
+    return seconds
 
 
 def main() -> None:
@@ -46,8 +62,8 @@ def main() -> None:
     trees = {args.label: REPO / "src"}
     if args.compare:
         trees[args.label_compare] = args.compare
-    methods = {f"{tree}: {name}": (lambda s=source, a=arguments: timed_run(s, a))
-               for tree, source in trees.items() for name, arguments in COMMANDS.items()}
+    methods = {f"{tree}: {name}": (lambda s=source, a=arguments, e=code: timed_run(s, a, e))
+               for tree, source in trees.items() for name, (arguments, code) in COMMANDS.items()}
     load_before = load_average()
     times = interleaved_rounds(methods, args.rounds)
     record = {

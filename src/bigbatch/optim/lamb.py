@@ -32,13 +32,14 @@ import torch
 from torch import Tensor
 
 from bigbatch.optim import lamb_kernel
+from bigbatch.optim.base import Optimizer
 from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
 
 # Group keys that parametrise the update (the rest, e.g. "names", ride along untouched).
 _UPDATE_KEYS = ("lr", "betas", "eps", "weight_decay", "lars")
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(Optimizer):
     """LAMB optimizer (Algorithm 2 of the LAMB paper, φ the identity).
 
     Args:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from bigbatch.optim import lars_kernel
+from bigbatch.optim.base import Optimizer
 
 # One bucket's working set is ~3x this (weights, grads, momentum buffers): it stays in a typical
 # L3 between the bucket's six passes. 1-8 MiB measured alike on ResNet-50 (docs/results).
@@ -44,7 +45,7 @@ _UPDATE_KEYS = ("lr", "momentum", "weight_decay", "trust_coefficient", "eps", "c
                 "lars")
 
 
-class LARS(torch.optim.Optimizer):
+class LARS(Optimizer):
     """LARS / LARC optimizer (Algorithm 1 of the LARS paper by default).
 
     Args:

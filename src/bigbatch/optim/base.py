@@ -1,0 +1,33 @@
+"""The base of bigbatch's optimizers: ``torch.optim.Optimizer`` without a torch._dynamo import.
+
+PyTorch wraps four bookkeeping methods of its optimizers (``add_param_group``, ``zero_grad``,
+``state_dict``, ``load_state_dict``) in ``torch._disable_dynamo``, so that a compiled region never
+traces into them; the wrapper's first call imports torch._dynamo, about 2 s of CPU on a 2-core
+machine, in every training process, on every rank, whether anything is compiled or not. bigbatch
+never calls these methods inside a compiled region, so its optimizers take the functions under
+the wrapper (PyTorch's own, unchanged): a LARS or LAMB run that compiles nothing never imports
+torch._dynamo, and one that does (``compile: true``, ``optim.fused_compile``) imports it when it
+compiles. (``torch.optim.SGD`` imports it in its first step, through the same kind of wrapper
+around its update function.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _unwrapped(name: str):  # noqa: ANN202 (the function, whatever PyTorch's signature)
+    """``torch.optim.Optimizer.<name>`` without its ``torch._disable_dynamo`` wrapper (itself,
+    where a PyTorch version does not wrap it)."""
+    method = getattr(torch.optim.Optimizer, name)
+    return getattr(method, "__wrapped__", method)
+
+
+class Optimizer(torch.optim.Optimizer):
+    """``torch.optim.Optimizer`` whose bookkeeping does not import torch._dynamo."""
+
+    add_param_group = _unwrapped("add_param_group")
+    zero_grad = _unwrapped("zero_grad")
+    state_dict = _unwrapped("state_dict")
+    load_state_dict = _unwrapped("load_state_dict")
+
