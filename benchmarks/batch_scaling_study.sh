@@ -5,6 +5,7 @@
 #   benchmarks/batch_scaling_study.sh ablation   # the ablation that explains it (about 100 min)
 #   benchmarks/batch_scaling_study.sh study20    # the 20-epoch, four-optimizer study of issue 14
 #                                                # -> docs/results/batch_scaling_20ep/ (see below)
+#   benchmarks/batch_scaling_study.sh study20 save   # its finished runs into the results folder
 #
 # The study: SGD (linear LR scaling) vs LARS (sqrt LR scaling, eta = 0.001), both with the same
 # 1-epoch linear warmup, poly(2) decay, 5-epoch budget, BatchNorm batch (micro-batch) 128, model
@@ -264,9 +265,39 @@ print(",".join(str(b) for b in sorted({point, fixed})))
 PY
 }
 
+# Finished runs' small files (summary, plan, config: what the sweep needs to count a run as
+# done), kept in the results folder so that the study resumes on another machine too:
+# `study20 save` copies them there, and study20 copies back any the run folder lacks.
+S20_KEPT=(summary.json diverged.json sweep_run.json config.yaml)
+study20_save() {
+  local run dest name
+  for run in "$S20_OUT"/lane-*/runs/*/; do
+    run=${run%/}
+    [[ -f $run/summary.json || -f $run/diverged.json ]] || continue
+    dest=$S20_RESULTS/finished_runs/$(basename "$(dirname "$(dirname "$run")")")/$(basename "$run")
+    mkdir -p "$dest"
+    for name in "${S20_KEPT[@]}"; do
+      if [[ -f $run/$name ]]; then cp "$run/$name" "$dest/"; fi
+    done
+  done
+}
+study20_restore() {
+  local kept lane run
+  for kept in "$S20_RESULTS"/finished_runs/lane-*/*/; do
+    [[ -d $kept ]] || continue
+    kept=${kept%/}
+    lane=$(basename "$(dirname "$kept")")
+    run=$S20_OUT/$lane/runs/$(basename "$kept")
+    if [[ ! -f $run/summary.json && ! -f $run/diverged.json ]]; then
+      mkdir -p "$run" && cp "$kept"/* "$run/"
+    fi
+  done
+}
+
 study20() {
   study20_settings
   mkdir -p "$S20_OUT" "$S20_RESULTS"
+  study20_restore
   study20_pass
   local points
   points=$(seed_points)
@@ -287,6 +318,6 @@ study20() {
 case "${1:-study}" in
   study) study ;;
   ablation) ablation ;;
-  study20) study20 ;;
-  *) echo "usage: $0 [study|ablation|study20]" >&2; exit 2 ;;
+  study20) if [[ ${2:-} == save ]]; then study20_save; else study20; fi ;;
+  *) echo "usage: $0 [study|ablation|study20 [save]]" >&2; exit 2 ;;
 esac
