@@ -22,6 +22,7 @@
 #             (BIGBATCH_DATA, /usr/share/datasets/fashion-mnist, the cache, a download)
 #   FMNIST_SET  extra KEY=VALUE overrides for the Fashion-MNIST run only (e.g. a train subset)
 #   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
+#   LARS_STEP 0: skip the optimizer-step benchmark (benchmarks/lars_step.py --device cuda)
 #   OUT       scratch folder for the runs (default: a new temporary folder)
 #   CPU_DRY_RUN  1: skip the GPU checks and the install and run everything on the CPU, with
 #             CUDA hidden and gloo between processes (tests/test_gpu_script.py runs it so in CI,
@@ -133,6 +134,20 @@ launch "$OUT/fashion-mnist" --set epochs="$FMNIST_EPOCHS" \
     --set schedule.warmup_epochs="$FMNIST_WARMUP" \
     --set precision=bf16 --set channels_last=true --set log_every=1 "${FMNIST_EXTRA[@]}"
 report "fashion-mnist default recipe" "$OUT/fashion-mnist"
+
+# The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB run their
+# multi-tensor paths there), appended to docs/results/lars_step.jsonl; under a minute. It needs
+# timm (the dev extra) for timm's Lars and Lamb: skipped, and said so, without it.
+if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
+    if "$PYTHON" -c "import timm" >/dev/null 2>&1; then
+        echo "Optimizer step on ResNet-50's parameters, GPU"
+        "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 --no-compile \
+            > "$OUT/lars_step.out" || fail "benchmarks/lars_step.py failed" 2
+        "$PYTHON" -c "import json, sys; r = json.load(open(sys.argv[1])); print(json.dumps(r['ratios'], indent=1))" "$OUT/lars_step.out"
+    else
+        echo "Optimizer step: skipped (timm is not installed: pip install -e '.[dev]')"
+    fi
+fi
 
 "$PYTHON" - "$OUT" "$NPROC" "$BATCH" "$CPU_DRY_RUN" <<'EOF'
 import datetime, glob, json, subprocess, sys, torch
