@@ -304,7 +304,8 @@ study20() {
   study20_pass --seeds "$S20_SEEDS" --seed-batches "$points"
   publish "$S20_OUT" "$S20_RESULTS"
   cp "$S20_OUT/seed_points.txt" "$S20_RESULTS/"
-  "$PYTHON" benchmarks/study20_verdict.py "$S20_RESULTS/sweep.json"  # verdict.md, verdict.json
+  "$PYTHON" benchmarks/study20_verdict.py "$S20_RESULTS/sweep.json" \
+    --train-examples "${S20_SUBSET:-60000}"  # verdict.md, verdict.json
   {
     echo "# benchmarks/batch_scaling_study.sh study20 ran, per lane and then over every series:"
     printf 'S20_%s ' "LANES='$S20_LANES'" "BATCHES=$S20_BATCHES" "EPOCHS=$S20_EPOCHS" \

@@ -24,7 +24,7 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   lamb_eager     the same on its eager multi-tensor path (the fallback without the kernel)
   lamb_one_pass  the kernel with the trust ratio off on every tensor: Adam with weight decay in
                  one pass (reads x, g, m, v; writes x, m, v, as fused AdamW), which shows what
-                 the second pass of the trust ratio costs
+                 the second pass of the trust ratio costs (on a GPU: the eager path so)
   timm_lamb      timm.optim.Lamb with the same update (max_grad_norm=None: no global clipping)
 
 Ratios: each row of RATIOS, as the ratio of the medians, the median of the per-repetition ratios

@@ -38,13 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     first, _, last = args.lines.partition("-")
     lines = (args.results / "lars_step.jsonl").read_text().splitlines()
     try:
-        chosen = lines[int(first) - 1:int(last or first)]
+        first_line, last_line = int(first), int(last or first)
     except ValueError:
         sys.exit(f"lars_step_summary: '{args.lines}' is not FIRST-LAST")
-    if not chosen or int(first) < 1:
+    if not 1 <= first_line <= last_line <= len(lines):
         sys.exit(f"lars_step_summary: lines {args.lines} are not in lars_step.jsonl "
                  f"({len(lines)} lines)")
-    records = [json.loads(line) for line in chosen]
+    records = [json.loads(line) for line in lines[first_line - 1:last_line]]
+    devices = {r["machine"].get("device", "cpu") for r in records}
+    if len(devices) > 1:
+        sys.exit(f"lars_step_summary: lines {args.lines} mix devices: {sorted(devices)}")
     entry = {"lines": args.lines, "runs": len(records),
              "commits": [r["machine"].get("commit") for r in records],
              "loadavg_1min": [r["machine"].get("loadavg_1min") for r in records],

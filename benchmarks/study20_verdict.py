@@ -9,11 +9,14 @@ al. 2017) at the same batch and epoch budget:
 1. LARS ≥ SGD at every batch ≥ 2048;
 2. LARS ≥ SGD + 3 points at every batch ≥ 8192;
 3. LARS within 1 point of the small-batch baseline (SGD at the smallest batch) at every batch up
-   to the one whose steps per epoch are nearest ImageNet's at 32K (1,281,167 / 32,768 = 39).
+   to the one whose steps per epoch are nearest ImageNet's at 32K (1,281,167 / 32,768 = 39),
+   the smallest batch included.
 
 Each is judged on the number the study selects its LRs on (top-1 with recomputed BatchNorm
 statistics) and reported for the as-trained number too. Where a point was rerun with several
-seeds, its mean is used, and the seeds' spread is shown beside the difference. Writes
+seeds, the mean of the seeds that did not diverge is used, and their spread is shown beside the
+difference; a point where nothing learned counts as 0. An expectation that applies to no point
+of the grid is "not tested". Writes
 verdict.md and verdict.json beside the sweep record and prints the Markdown.
 """
 
@@ -36,8 +39,8 @@ def point_value(point: dict, key: str) -> tuple[float | None, float | None, int]
     """(value, sample std or None, number of seeds) of one (batch, series) point; ``key`` is
     ``top1`` (the selection number) or ``trained_top1``."""
     seeds = point.get("seeds")
-    if seeds and len(seeds.get(key, {})) > 1:
-        values = list(seeds[key].values())
+    values = [v for v in (seeds or {}).get(key, {}).values() if v is not None]  # None: diverged
+    if len(values) > 1:
         return statistics.fmean(values), statistics.stdev(values), len(values)
     return point.get(f"best_{key}"), None, 1
 
@@ -53,11 +56,11 @@ def judge(record: dict, key: str, train_examples: int) -> dict:
     points = {(p["batch"], p["optimizer"]): p for p in record["best"]}
     batches = sorted(record["settings"]["batch_sizes"])
     series = [s for s in record["settings"]["optimizers"] if s.startswith("lars")]
-    baseline, _, _ = point_value(points[(batches[0], "sgd")], key)
+    baseline = point_value(points[(batches[0], "sgd")], key)[0] or 0.0  # None: nothing learned
     match = matching_batch(batches, train_examples)
     checks = []
     for name in series:
-        for batch in batches[1:]:
+        for batch in batches:
             lars, lars_std, lars_n = point_value(points[(batch, name)], key)
             sgd, sgd_std, sgd_n = point_value(points[(batch, "sgd")], key)
             row = {"series": name, "batch": batch, "lars": lars, "sgd": sgd,
@@ -74,9 +77,18 @@ def judge(record: dict, key: str, train_examples: int) -> dict:
             checks.append(row)
     return {"number": key, "baseline": baseline, "baseline_batch": batches[0],
             "matching_batch": match, "checks": checks,
-            "holds": {name: {e: all(c[e] for c in checks if c["series"] == name
-                                    and c[e] is not None)
+            "holds": {name: {e: holds([c[e] for c in checks if c["series"] == name])
                              for e in ("e1", "e2", "e3")} for name in series}}
+
+
+def holds(outcomes: list[bool | None]) -> bool | None:
+    """Whether an expectation holds at every point it applies to; None where it applies to none."""
+    tested = [outcome for outcome in outcomes if outcome is not None]
+    return all(tested) if tested else None
+
+
+def verdict_word(outcome: bool | None) -> str:
+    return "not tested" if outcome is None else ("holds" if outcome else "**fails**")
 
 
 def spread(mean: float, std: float | None) -> str:
@@ -100,14 +112,13 @@ def markdown(verdicts: list[dict]) -> str:
                   "| series | batch | LARS | SGD | LARS − SGD | LARS − baseline | E1 | E2 | E3 |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for c in verdict["checks"]:
-            marks = ["–" if c[e] is None else ("holds" if c[e] else "**fails**")
-                     for e in ("e1", "e2", "e3")]
+            marks = ["–" if c[e] is None else verdict_word(c[e]) for e in ("e1", "e2", "e3")]
             lines.append(f"| {c['series']} | {c['batch']} | {spread(c['lars'], c['lars_std'])} | "
                          f"{spread(c['sgd'], c['sgd_std'])} | {c['lead']:+.2f} | "
                          f"{c['vs_baseline']:+.2f} | " + " | ".join(marks) + " |")
         lines += ["", "| series | E1 | E2 | E3 |", "|---|---|---|---|"]
-        for name, holds in verdict["holds"].items():
-            lines.append(f"| {name} | " + " | ".join("holds" if holds[e] else "**fails**"
+        for name, outcome in verdict["holds"].items():
+            lines.append(f"| {name} | " + " | ".join(verdict_word(outcome[e])
                                                     for e in ("e1", "e2", "e3")) + " |")
     return "\n".join(lines) + "\n"
 

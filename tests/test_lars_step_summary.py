@@ -29,8 +29,11 @@ def test_medians_and_ranges_of_the_chosen_lines(tmp_path):
 
 
 def test_lines_outside_the_record_are_one_line_errors(tmp_path):
-    (tmp_path / "lars_step.jsonl").write_text(json.dumps(run_record(1, 1, "a")) + "\n")
-    for lines in ("5-6", "x-y"):
+    gpu = run_record(1, 1, "b")
+    gpu["machine"]["device"] = "cuda"
+    (tmp_path / "lars_step.jsonl").write_text(json.dumps(run_record(1, 1, "a")) + "\n"
+                                              + json.dumps(gpu) + "\n")
+    for lines in ("5-6", "x-y", "1-3", "1-2"):  # past the end, not numbers, two devices
         done = subprocess.run([sys.executable, str(SCRIPT), lines, "--results", str(tmp_path)],
                               capture_output=True, text=True)
         assert done.returncode != 0 and "lars_step_summary:" in done.stderr

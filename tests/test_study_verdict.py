@@ -64,3 +64,17 @@ def test_script_writes_verdict_files_and_refuses_a_missing_record(tmp_path):
     missing = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope.json")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_a_diverged_seed_is_left_out_and_an_untested_expectation_says_so():
+    data = record()
+    data["best"][-1]["seeds"]["top1"]["1"] = None  # that seed diverged: mean of 80 and 82
+    data["settings"]["batch_sizes"] = [128, 2048, 8192]
+    verdict = judge(data, "top1", 60000)
+    assert {c["batch"]: c for c in verdict["checks"]}[8192]["lars"] == pytest.approx(81.0)
+    small = {"settings": {"batch_sizes": [128, 512], "optimizers": ["sgd", "lars-paper"]},
+             "best": [point(128, "sgd", None, None), point(128, "lars-paper", 80.0, 80.0),
+                      point(512, "sgd", 70.0, 70.0), point(512, "lars-paper", 75.0, 75.0)]}
+    verdict = judge(small, "top1", 60000)
+    assert verdict["baseline"] == 0.0  # SGD learned nothing at the smallest batch
+    assert verdict["holds"]["lars-paper"] == {"e1": None, "e2": None, "e3": True}

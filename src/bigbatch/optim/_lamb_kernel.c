@@ -12,7 +12,8 @@
  * A group without adaptation (`adapt` = 0) takes one pass, x ← x + (−η)·u. The operations are
  * the eager step's (bigbatch.optim.lamb), in its order, with one division an element (the bias
  * corrections are multiplied by their reciprocals in both); the two differ in the last bits
- * only: the norms sum in another order, and PyTorch's vectorized loops fuse some multiply-adds.
+ * only: the norms sum in another order, PyTorch's vectorized loops fuse some multiply-adds, and
+ * its CPU square root is not always correctly rounded (this one is).
  * The norms are a pure function of the values (fixed chunks, blocks and lanes by index, added in
  * a fixed order: _chunked_sums.h): neither the memory alignment nor the number of threads
  * changes a bit. Built with -ffp-contract=off (no fused multiply-add) and -fno-math-errno (so

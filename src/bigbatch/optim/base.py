@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import torch
 
+# The code of torch._disable_dynamo's wrapper (making one imports nothing; calling it would).
+_DYNAMO_WRAPPER = torch._disable_dynamo(lambda: None).__code__
+
 
 def _unwrapped(name: str):  # noqa: ANN202 (the function, whatever PyTorch's signature)
-    """``torch.optim.Optimizer.<name>`` without its ``torch._disable_dynamo`` wrapper (itself,
-    where a PyTorch version does not wrap it)."""
+    """``torch.optim.Optimizer.<name>`` without its ``torch._disable_dynamo`` wrapper; the method
+    itself where a PyTorch version wraps it otherwise or not at all."""
     method = getattr(torch.optim.Optimizer, name)
-    return getattr(method, "__wrapped__", method)
+    if getattr(method, "__code__", None) is _DYNAMO_WRAPPER:
+        return method.__wrapped__
+    return method
 
 
 class Optimizer(torch.optim.Optimizer):
