@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 import torchvision
-from common import cpu_model, git_commit
+from common import RESULTS_DIR, cpu_model, git_commit
 
 from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "lars_step.jsonl"
+RESULTS = RESULTS_DIR / "lars_step.jsonl"
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
 RATIOS = [("lars", "sgd_fused"), ("lars_eager", "sgd_fused"), ("lars_compiled", "sgd_fused"),
           ("lars", "sgd_wd"), ("lars", "timm_lars"), ("lars", "lars_eager"),

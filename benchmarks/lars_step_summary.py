@@ -16,7 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+from common import RESULTS_DIR
 
 
 def summarize(records: list[dict]) -> dict[str, dict]:
@@ -33,7 +33,7 @@ def summarize(records: list[dict]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("lines", help="FIRST-LAST, 1-based line numbers of lars_step.jsonl")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     first, _, last = args.lines.partition("-")
     lines = (args.results / "lars_step.jsonl").read_text().splitlines()

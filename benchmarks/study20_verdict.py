@@ -29,10 +29,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from common import RESULTS_DIR
+
 IMAGENET_TRAIN = 1_281_167
 IMAGENET_32K_STEPS_PER_EPOCH = IMAGENET_TRAIN / 32768
 AT_LEAST_SGD_FROM, AHEAD_FROM, AHEAD_BY, BASELINE_WITHIN = 2048, 8192, 3.0, 1.0
-DEFAULT = Path(__file__).resolve().parent.parent / "docs/results/batch_scaling_20ep/sweep.json"
+DEFAULT = RESULTS_DIR / "batch_scaling_20ep" / "sweep.json"
 
 
 def point_value(point: dict, key: str) -> tuple[float | None, float | None, int]:
