@@ -30,12 +30,13 @@ train: setup data
 # The SLURM tests are left to `make test-slurm`: they start a cluster as root and wait out SLURM's
 # hold on a requeued job (about 15 minutes).
 # TEST_WORKERS pytest processes (pytest-xdist), each test module whole on one of them, so that a
-# module's shared runs (its module-scoped fixtures) are made once. Most of the suite's time is
+# module's shared runs (its module-scoped fixtures) are made once; the longest modules first
+# (tests/conftest.py), not xdist's order by test count. Most of the suite's time is
 # other processes starting (torch's import) and small single-threaded work, which two workers
 # overlap on two cores (docs/results/make_test.log). More workers than cores slow the
 # multi-process tests.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: setup data
 	BIGBATCH_REQUIRE_DATA=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slurm"
 

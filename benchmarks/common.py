@@ -17,9 +17,10 @@ import statistics
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: scripts that only read records start fast
+    import torch
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "docs" / "results"
@@ -85,6 +86,8 @@ def git_commit(repo: Path = REPO) -> str | None:
 def package_versions(names: Iterable[str] = ("torchvision", "timm", "PIL", "numpy")) -> dict:
     from importlib import import_module
 
+    import torch
+
     versions = {"torch": torch.__version__}
     for name in names:
         try:
@@ -97,6 +100,8 @@ def package_versions(names: Iterable[str] = ("torchvision", "timm", "PIL", "nump
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
     """What a reader needs to place a figure: CPU, cores, native bf16, threads, GPU, versions,
     the commit measured and the load average at the time."""
+    import torch
+
     flags = cpu_flags()
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

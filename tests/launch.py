@@ -11,16 +11,20 @@ from pathlib import Path
 
 import torch
 
-# A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64.
+# A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64,
+# evaluated on the first VAL_EXAMPLES test images (the whole test set costs a quarter of a run).
 # LR 0.5: runs on different process layouts differ only in the order in which micro-batch
 # gradients are summed (1e-7 after a step), and at LR 2 the BatchNorm and bias tensors (plain
 # SGD at the global LR) amplified that ~2.5x a step, to 5e-4 after 8 steps on an AVX2 machine;
 # at 0.5 it stays at 3e-7, so the 1e-5 invariance checks test the engine, not the dynamics.
+VAL_EXAMPLES = 1000
 TINY = [
     "--dataset",
     "fashion-mnist",
     "--train-subset",
     "1024",
+    "--val-subset",
+    str(VAL_EXAMPLES),
     "--batch-size",
     "256",
     "--micro-batch",
@@ -78,10 +82,18 @@ def run_bigbatch(
     max_restarts: int = 0,
     timeout: float = 300,
     check: bool = True,
+    agent: bool = True,
 ):
-    """Run `bigbatch ...` as one process or under torchrun; return the CompletedProcess."""
+    """Run `bigbatch ...` as one process or ``nproc`` ranks; return the CompletedProcess.
+
+    Ranks run under torchrun, or with ``agent=False`` as ``nproc`` processes given the variables
+    torchrun gives its workers, without its agent process (one `import torch` fewer; for runs
+    where neither restarts nor the agent's rendezvous are under test).
+    """
     if nproc == 1 and max_restarts == 0:
         command = [sys.executable, "-m", "bigbatch", *args]
+    elif not agent and max_restarts == 0:
+        return run_ranks_without_agent(args, nproc, env, timeout, check)
     else:
         command = [*torchrun_prefix(nproc, max_restarts), *args]
     result = subprocess.run(
@@ -92,6 +104,39 @@ def run_bigbatch(
             f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}"
         )
     return result
+
+
+def torchrun_worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The rendezvous variables torchrun --standalone gives worker ``rank`` on one node."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def run_ranks_without_agent(args: list[str], nproc: int, env: dict[str, str] | None,
+                            timeout: float, check: bool) -> subprocess.CompletedProcess:
+    """``nproc`` bigbatch processes with torchrun's worker variables; the result's exit code is
+    the first non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order."""
+    port = free_port()
+    command = [sys.executable, "-m", "bigbatch", *args]
+    processes = [subprocess.Popen(command, env=process_env({**(env or {}),
+                                                            **torchrun_worker_env(rank, nproc,
+                                                                                  port)}),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(nproc)]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:  # a hung rank must not outlive the test
+            if process.poll() is None:
+                process.kill()
+    codes = [process.returncode for process in processes]
+    code = next((c for c in codes if c != 0), 0)
+    if check and code != 0:
+        raise AssertionError(f"{nproc} ranks of {' '.join(command)} exited {codes}:\n"
+                             + "".join(stderr for _, stderr in outputs)[-4000:])
+    return subprocess.CompletedProcess(command, code, outputs[0][0],
+                                       "".join(stderr for _, stderr in outputs))
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -99,6 +99,7 @@ def test_round_trip_through_yaml(tmp_path):
         (["optim.momentum=1.5"], "'optim.momentum' must be in"),
         (["schedule.warmup_epochs=50", "epochs=10"], "longer than the run"),
         (["data.train_subset=100"], "smaller than the global batch"),
+        (["data.val_subset=0"], "'data.val_subset' must be a positive number"),
         (["data.name=imagefolder"], "needs a folder"),
         (["checkpoint.resume=/no/such/file.pt"], "does not exist"),
         (["precision=fp8"], "choose one of: fp32, bf16"),

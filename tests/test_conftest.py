@@ -42,3 +42,19 @@ def test_missing_data_skips_or_fails(tmp_path, require, exit_code, word):
     assert f"1 {word}" in run.stdout
     if word == "error":  # a setup failure: the test never ran
         assert "dataset-fashion-mnist" in run.stdout and "BIGBATCH_REQUIRE_DATA" in run.stdout
+
+
+
+def test_the_longest_modules_are_collected_first():
+    """Every module named in LONGEST_FIRST exists (a rename would silently drop it from the
+    front); the hook moves their tests to the front in that order and keeps every other order."""
+    from types import SimpleNamespace
+
+    from conftest import LONGEST_FIRST, pytest_collection_modifyitems
+
+    assert all((TESTS / name).is_file() for name in LONGEST_FIRST)
+    names = ["test_a.py", LONGEST_FIRST[1], "test_b.py", LONGEST_FIRST[0], "test_a.py",
+             LONGEST_FIRST[1]]
+    items = [SimpleNamespace(path=TESTS / name, index=i) for i, name in enumerate(names)]
+    pytest_collection_modifyitems(items)
+    assert [item.index for item in items] == [3, 1, 5, 0, 2, 4]

@@ -22,9 +22,11 @@ from bigbatch.train.fixed_point import (
 CPU = DistContext(rank=0, world_size=1, local_rank=0, backend=None, device=torch.device("cpu"))
 
 # The default recipe's model and settings (channels_last, fp32, LARS at its LR 20) on a slice of
-# Fashion-MNIST: 1024-example steps of four 256-example micro-batches, 6 steps.
-EXACT = ["--train-subset", "2048", "--batch-size", "1024", "--micro-batch", "256",
-         "--epochs", "3", "--lr", "20", "--warmup-epochs", "1", "--model", "small_resnet",
+# Fashion-MNIST: 1024-example steps of four 256-example micro-batches, 6 steps, evaluated on
+# 1000 test images.
+EXACT = ["--train-subset", "2048", "--val-subset", "1000", "--batch-size", "1024",
+         "--micro-batch", "256", "--epochs", "3", "--lr", "20", "--warmup-epochs", "1",
+         "--model", "small_resnet",
          "--set", "model.options.width=8", "--set", "channels_last=true",
          "--set", "precision=fp32", "--set", "eval_every=10", "--set", "exact_reduction=true"]
 
@@ -114,7 +116,8 @@ def exact_run(tmp_path_factory):
     def run(nproc: int):
         if nproc not in runs:
             runs[nproc] = tmp_path_factory.mktemp(f"exact{nproc}") / "run"
-            run_bigbatch(["train", *EXACT, "--out", str(runs[nproc])], nproc=nproc, timeout=600)
+            run_bigbatch(["train", *EXACT, "--out", str(runs[nproc])], nproc=nproc, timeout=600,
+                         agent=False)
         return runs[nproc]
 
     return run
@@ -164,6 +167,6 @@ BF16 = ["--dataset", "synthetic", "--set", "data.synthetic_examples=192",
 def test_bf16_autocast_runs_give_the_same_bits_on_one_and_two_processes(tmp_path):
     runs = {nproc: tmp_path / f"bf16-{nproc}" for nproc in (1, 2)}
     for nproc, out in runs.items():
-        run_bigbatch(["train", *BF16, "--out", str(out)], nproc=nproc, timeout=600)
+        run_bigbatch(["train", *BF16, "--out", str(out)], nproc=nproc, timeout=600, agent=False)
     assert summary(runs[1])["steps"] == 3 and summary(runs[2])["world_size"] == 2
     assert_same_run(runs[2], runs[1])

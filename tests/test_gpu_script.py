@@ -18,8 +18,8 @@ def test_gpu_script_dry_run_records_both_runs(tmp_path):
     scaled to its length; the record goes to the scratch folder, not docs/results."""
     env = dict(os.environ, CPU_DRY_RUN="1", PYTHON=sys.executable, BATCH="2", STEPS="2",
                WARMUP="1", NPROC="2", IMAGE_SIZE="32", WORKERS="0", FMNIST_EPOCHS="1",
-               FMNIST_SET="data.train_subset=512 global_batch=256 micro_batch=128 "
-                          "model.options.width=8 data.workers=0",
+               FMNIST_SET="data.train_subset=512 data.val_subset=500 global_batch=256 "
+                          "micro_batch=128 model.options.width=8 data.workers=0",
                OUT=str(tmp_path), OMP_NUM_THREADS="1")
     env.pop("BIGBATCH_FAULT", None)
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()

@@ -203,6 +203,9 @@ def test_build_datasets_imagefolder(folder: FolderInfo) -> None:
     assert len(train) == 9 and sorted(set(train.labels.tolist())) == [0, 1, 2]
     assert val.classes == train.classes and len(val) == 6 and not val.train
     assert val.resize_size == 37 and val.image_size == 32
+    _, val = build_datasets("imagefolder", path=str(folder.root), seed=0, image_size=32,
+                            val_subset=3)
+    assert len(val) == 3 and sorted(val.labels.tolist()) == [0, 1, 2]  # one of each class
     with pytest.raises(ConfigError, match="needs a folder"):
         build_datasets("imagefolder", path=None, seed=0)
     choices = "choose one of fashion-mnist, imagefolder, packed, synthetic"

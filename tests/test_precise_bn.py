@@ -179,9 +179,12 @@ def test_bad_counts_are_one_line_and_exit_2_from_the_command_line(runs, capsys, 
     assert capsys.readouterr().err.splitlines() == [f"bigbatch: error: {message}"]
 
 
-def test_eval_takes_only_eval_keys():
+def test_eval_takes_only_eval_keys_and_the_val_subset():
     raw = RunConfig(eval=EvalConfig(bn_recompute=7)).to_dict()
     assert eval_config(raw, []).eval.bn_recompute == 0  # the file's statistics, unless asked
     assert eval_config(raw, ["eval.bn_recompute=9"]).eval.bn_recompute == 9
-    with pytest.raises(ConfigError, match="bigbatch eval --set takes eval.* keys only"):
-        eval_config(raw, ["seed=1"])
+    assert eval_config(raw, ["data.val_subset=null"]).data.val_subset is None
+    only = "bigbatch eval --set takes eval.* keys and data.val_subset only"
+    for assignment in ("seed=1", "data.val_subset_x=1", "data.train_subset=8"):
+        with pytest.raises(ConfigError, match=only):
+            eval_config(raw, [assignment])

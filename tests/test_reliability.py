@@ -57,7 +57,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted_two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted2") / "run"
-    run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=2)
+    run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=2, agent=False)
     return out
 
 
@@ -105,7 +105,7 @@ def test_time_based_checkpoints_agree_across_ranks(tmp_path):
     # part in the collective save, or the run hangs or fails.
     out = tmp_path / "run"
     hourly = ["--set", "checkpoint.every_minutes=60", "--set", "checkpoint.keep=100"]
-    run_bigbatch(["train", *TINY, *hourly, "--out", str(out)], nproc=2, timeout=180,
+    run_bigbatch(["train", *TINY, *hourly, "--out", str(out)], nproc=2, timeout=180, agent=False,
                  env={"BIGBATCH_FAULT": "clock-skew:step=1:rank=1"})
     saved = [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")]
     assert saved == [checkpoint.checkpoint_name(step) for step in (2, 4, 8)]  # vote + epoch ends
@@ -123,7 +123,7 @@ def test_resume_on_a_different_number_of_processes(uninterrupted, tmp_path, firs
         check=False,
     )
     assert stopped.returncode != 0
-    resumed = run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=second)
+    resumed = run_bigbatch(["train", *RESUMABLE, "--out", str(out)], nproc=second, agent=False)
     assert resumed_at(4) in resumed.stderr
     assert summary(out)["world_size"] == second
     assert max_relative_difference(final_state(out), final_state(uninterrupted)) < 1e-5
@@ -303,7 +303,7 @@ DEFAULT_MODEL = [*TINY[: TINY.index("model.options.width=8")], "model.options.wi
 @pytest.fixture(scope="module")
 def default_model_two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("default2") / "run"
-    run_bigbatch(["train", *DEFAULT_MODEL, "--out", str(out)], nproc=2, timeout=600)
+    run_bigbatch(["train", *DEFAULT_MODEL, "--out", str(out)], nproc=2, timeout=600, agent=False)
     return out
 
 
@@ -320,7 +320,7 @@ def test_two_process_resume_is_bit_identical(default_model_two_processes, tmp_pa
     if restart == "fresh launch":
         killed = run_bigbatch(args, nproc=2, env=fault, check=False, timeout=600)
         assert killed.returncode != 0 and not (out / "final.pt").exists()
-        resumed = run_bigbatch(args, nproc=2, timeout=600)
+        resumed = run_bigbatch(args, nproc=2, timeout=600, agent=False)
     else:
         resumed = run_bigbatch(args, nproc=2, max_restarts=1, env=fault, timeout=600)
     assert resumed_at(4) in resumed.stderr

@@ -39,6 +39,7 @@ def datasets_for(cfg: RunConfig, uint8_train: bool = False):
         seed=cfg.seed,
         image_size=image_size_for(cfg),
         train_subset=cfg.data.train_subset,
+        val_subset=cfg.data.val_subset,
         on_broken=cfg.data.on_broken,
         synthetic_examples=cfg.data.synthetic_examples,
         synthetic_classes=cfg.data.synthetic_classes,

@@ -26,6 +26,7 @@ class DataConfig:
     path: str | None = None
     image_size: int | None = None  # None: the data set's native size or the model's default
     train_subset: int | None = None  # first N training examples, for quick runs
+    val_subset: int | None = None  # first N validation examples (folders: spread over classes)
     on_broken: str = "skip"  # broken image files: skip and report, or stop naming the file
     workers: int | None = None  # loader processes per rank; None: sized to the cores
     fast_decode: bool = True  # JPEG decode at reduced scale where the crop allows
@@ -278,8 +279,9 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Check every value that can be checked without data; raise ConfigError on the first."""
-    _check_choices(cfg)
+    """Check every value that can be checked without data; raise ConfigError on the first.
+    The named choices come last: their lists live in modules that import torch (seconds), so a
+    wrong number fails before that."""
     _check_positive("epochs", cfg.epochs)
     _check_positive("global_batch", cfg.global_batch)
     _check_positive("micro_batch", cfg.micro_batch)
@@ -324,10 +326,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.data.num_classes is not None:
         _check_positive("data.num_classes", cfg.data.num_classes)
+    if cfg.data.val_subset is not None:
+        _check_positive("data.val_subset", cfg.data.val_subset)
     if cfg.data.name in ("imagefolder", "packed", "webdataset") and not cfg.data.path:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
+    _check_choices(cfg)
     return cfg
 
 

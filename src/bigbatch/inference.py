@@ -65,13 +65,19 @@ def evaluate_weights(
     return precise.evaluate(model, step, evaluate_model, evaluate_model())[0]
 
 
+# what `bigbatch eval --set` may change: how to evaluate and on how many validation examples
+EVAL_OVERRIDABLE = ("eval.", "data.val_subset=")
+
+
 def eval_config(raw: dict[str, Any], overrides: Sequence[str]) -> RunConfig:
-    """The weights' run config with the `eval.*` overrides of `bigbatch eval --set`. The run's
-    own eval.bn_recompute is not applied (the file already carries the statistics it chose)."""
+    """The weights' run config with the overrides of `bigbatch eval --set` (eval.* keys and
+    data.val_subset). The run's own eval.bn_recompute is not applied (the file already carries
+    the statistics it chose)."""
     raw = {**raw, "eval": {**(raw.get("eval") or {}), "bn_recompute": 0}}
     for assignment in overrides:
-        if not assignment.strip().startswith("eval."):
-            raise ConfigError(f"bigbatch eval --set takes eval.* keys only, got '{assignment}'")
+        if not assignment.strip().startswith(EVAL_OVERRIDABLE):
+            raise ConfigError("bigbatch eval --set takes eval.* keys and data.val_subset only, "
+                              f"got '{assignment}'")
     cfg = config_from_dict(apply_overrides(raw, list(overrides)))
     cfg.checkpoint.resume = None
     return cfg

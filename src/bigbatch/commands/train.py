@@ -31,6 +31,7 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     "warmup_epochs": ("schedule.warmup_epochs", float, "linear warmup length in epochs"),
     "seed": ("seed", int, "seed of the whole run (data order, augmentation, init, dropout)"),
     "train_subset": ("data.train_subset", int, "use only the first N training examples"),
+    "val_subset": ("data.val_subset", int, "evaluate on the first N validation examples only"),
     "resume": (
         "checkpoint.resume",
         str,
@@ -76,8 +77,9 @@ def add_eval_command(commands) -> None:
     command.add_argument("--batch-size", type=int, default=None, help="evaluation batch size")
     command.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="eval.* keys only, e.g. --set eval.bn_recompute=200 (BatchNorm statistics "
-             "recomputed from 200 training micro-batches)")
+        help="eval.* keys and data.val_subset only, e.g. --set eval.bn_recompute=200 (BatchNorm "
+             "statistics recomputed from 200 training micro-batches), --set data.val_subset=null "
+             "(the whole validation set, for weights of a run evaluated on a subset)")
     command.set_defaults(handler=run_eval)
 
 

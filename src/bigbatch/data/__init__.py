@@ -8,6 +8,7 @@ Every data set is map-style and keyed by (example index, epoch); ``__getitems__`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from torch.utils.data import Dataset
 
@@ -28,7 +29,8 @@ DEFAULT_IMAGE_SIZE = 224
 
 
 def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | None = None,
-                   train_subset: int | None = None, on_broken: str = "skip",
+                   train_subset: int | None = None, val_subset: int | None = None,
+                   on_broken: str = "skip",
                    synthetic_examples: int = 10000, synthetic_classes: int = 1000,
                    in_channels: int = 3, fast_decode: bool = True,
                    normalize: bool = True, val_path: str | None = None,
@@ -44,6 +46,7 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
         seed: run seed for augmentation.
         image_size: output side; default 224 (imagefolder, synthetic); Fashion-MNIST is 28.
         train_subset: use only this many training examples (default all).
+        val_subset: evaluate on only this many validation examples (default all).
         on_broken: "skip" or "error" for unreadable images (imagefolder).
         synthetic_examples / synthetic_classes / in_channels: shape of the synthetic set; its
             validation set has a tenth as many examples.
@@ -55,33 +58,39 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
     """
     if on_broken not in ON_BROKEN:
         raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
+    subsets = Subsets(train_subset, val_subset)
     if name == "fashion-mnist":
-        return _fashion_mnist(path, seed, image_size, train_subset)
+        return _fashion_mnist(path, seed, image_size, subsets)
     if name == "imagefolder":
-        return _imagefolder(path, seed, image_size, train_subset, on_broken, fast_decode,
-                            normalize)
+        return _imagefolder(path, seed, image_size, subsets, on_broken, fast_decode, normalize)
     if name == "packed":
-        return _packed(path, seed, image_size, train_subset, on_broken, fast_decode, normalize)
+        return _packed(path, seed, image_size, subsets, on_broken, fast_decode, normalize)
     if name == "webdataset":
-        return _webdataset(path, val_path, seed, image_size, train_subset, num_classes,
+        return _webdataset(path, val_path, seed, image_size, subsets, num_classes,
                            on_broken, fast_decode, normalize)
     if name == "synthetic":
-        return _synthetic(seed, image_size, train_subset, synthetic_examples, synthetic_classes,
+        return _synthetic(seed, image_size, subsets, synthetic_examples, synthetic_classes,
                           in_channels)
     raise ConfigError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
 
 
+class Subsets(NamedTuple):
+    """How many examples of each split to use (None: all)."""
+    train: int | None
+    val: int | None
+
+
 def _fashion_mnist(path: str | None, seed: int, image_size: int | None,
-                   train_subset: int | None) -> tuple[Dataset, Dataset]:
+                   subsets: Subsets) -> tuple[Dataset, Dataset]:
     if image_size not in (None, FashionMNIST.image_size):
         raise ConfigError(f"Fashion-MNIST images are {FashionMNIST.image_size}x"
                           f"{FashionMNIST.image_size}; set image_size to 28 or leave it unset")
     root = locate_fashion_mnist(path)
-    return (FashionMNIST(root, train=True, seed=seed, subset=train_subset),
-            FashionMNIST(root, train=False, seed=seed))
+    return (FashionMNIST(root, train=True, seed=seed, subset=subsets.train),
+            FashionMNIST(root, train=False, seed=seed, subset=subsets.val))
 
 
-def _imagefolder(path: str | None, seed: int, image_size: int | None, train_subset: int | None,
+def _imagefolder(path: str | None, seed: int, image_size: int | None, subsets: Subsets,
                  on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the imagefolder data set needs a folder; pass --data DIR with "
@@ -90,12 +99,13 @@ def _imagefolder(path: str | None, seed: int, image_size: int | None, train_subs
     resize = eval_resize_size(size)
     common = dict(seed=seed, image_size=size, resize_size=resize, on_broken=on_broken,
                   fast_decode=fast_decode, normalize=normalize)
-    train = ImageFolderData(Path(path), "train", train=True, subset=train_subset, **common)
-    val = ImageFolderData(Path(path), "val", train=False, class_names=train.classes, **common)
+    train = ImageFolderData(Path(path), "train", train=True, subset=subsets.train, **common)
+    val = ImageFolderData(Path(path), "val", train=False, class_names=train.classes,
+                          subset=subsets.val, **common)
     return train, val
 
 
-def _packed(path: str | None, seed: int, image_size: int | None, train_subset: int | None,
+def _packed(path: str | None, seed: int, image_size: int | None, subsets: Subsets,
             on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the packed data set needs a folder; pass --data DIR written by "
@@ -103,8 +113,8 @@ def _packed(path: str | None, seed: int, image_size: int | None, train_subset: i
     size = image_size or DEFAULT_IMAGE_SIZE
     common = dict(seed=seed, image_size=size, on_broken=on_broken, fast_decode=fast_decode,
                   normalize=normalize)
-    train = PackedImages(Path(path), "train", train=True, subset=train_subset, **common)
-    val = PackedImages(Path(path), "val", train=False, **common)
+    train = PackedImages(Path(path), "train", train=True, subset=subsets.train, **common)
+    val = PackedImages(Path(path), "val", train=False, subset=subsets.val, **common)
     if val.classes != train.classes:
         raise DataError(f"{path}/val was packed with other classes than {path}/train; pack "
                         "both splits together")
@@ -112,7 +122,7 @@ def _packed(path: str | None, seed: int, image_size: int | None, train_subset: i
 
 
 def _webdataset(path: str | None, val_path: str | None, seed: int, image_size: int | None,
-                train_subset: int | None, num_classes: int | None, on_broken: str,
+                subsets: Subsets, num_classes: int | None, on_broken: str,
                 fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the webdataset data set needs shards; pass --data "
@@ -120,19 +130,21 @@ def _webdataset(path: str | None, val_path: str | None, seed: int, image_size: i
     train_shards, val_shards = split_shards(path, val_path)
     common = dict(seed=seed, image_size=image_size or DEFAULT_IMAGE_SIZE, on_broken=on_broken,
                   fast_decode=fast_decode, normalize=normalize)
-    train = WebDatasetImages(train_shards, train=True, subset=train_subset,
+    train = WebDatasetImages(train_shards, train=True, subset=subsets.train,
                              num_classes=num_classes, **common)
-    val = WebDatasetImages(val_shards, train=False, num_classes=train.num_classes, **common)
+    val = WebDatasetImages(val_shards, train=False, num_classes=train.num_classes,
+                           subset=subsets.val, **common)
     return train, val
 
 
-def _synthetic(seed: int, image_size: int | None, train_subset: int | None, examples: int,
+def _synthetic(seed: int, image_size: int | None, subsets: Subsets, examples: int,
                classes: int, in_channels: int) -> tuple[Dataset, Dataset]:
     size = image_size or DEFAULT_IMAGE_SIZE
-    count = min(examples, train_subset) if train_subset else examples
+    count = min(examples, subsets.train) if subsets.train else examples
+    val_count = max(1, examples // 10)
+    val_count = min(val_count, subsets.val) if subsets.val else val_count
     train = SyntheticImages(count, classes, size, in_channels, seed)
-    val = SyntheticImages(max(1, examples // 10), classes, size, in_channels, seed,
-                          first_index=examples)
+    val = SyntheticImages(val_count, classes, size, in_channels, seed, first_index=examples)
     return train, val
 
 

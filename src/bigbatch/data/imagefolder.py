@@ -93,7 +93,7 @@ def scan_split(split_dir: Path, class_names: list[str] | None
 def strided_subset(total: int, subset: int) -> np.ndarray:
     """``subset`` indices spread evenly over a class-sorted list, so every class keeps examples."""
     if not 1 <= subset <= total:
-        raise ConfigError(f"train subset {subset} is outside 1..{total}; pick a smaller subset")
+        raise ConfigError(f"subset {subset} is outside 1..{total} examples; pick a smaller subset")
     return (np.arange(subset, dtype=np.int64) * total) // subset
 
 
