@@ -1,0 +1,104 @@
+"""Where the default recipe's training time goes, by operator: one micro-batch's forward and
+backward pass of its model (small_resnet width 24, Fashion-MNIST's 1x28x28 input, micro-batch 512,
+label smoothing 0.1, fp32 unless --precision bf16) under torch.profiler, grouped into
+convolution, BatchNorm, ReLU, residual add and the rest, forward and backward apart.
+
+    python benchmarks/default_model_ops.py  # JSON; appends docs/results/default_model_ops.jsonl
+    python benchmarks/default_model_ops.py --threads 1 --contiguous --no-save
+
+The shares are of the operators' own CPU time summed over the profiled passes; the wall time per
+micro-batch is measured apart, without the profiler, as the median of --repeats passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import append_result, machine_info, median
+
+# Operator name -> group; anything else is "other".
+GROUPS = {
+    "aten::mkldnn_convolution": "conv forward",
+    "aten::convolution_backward": "conv backward",
+    "aten::native_batch_norm": "batchnorm forward",
+    "aten::native_batch_norm_backward": "batchnorm backward",
+    "aten::relu_": "relu forward",
+    "aten::clamp_min_": "relu forward",
+    "aten::threshold_backward": "relu backward",
+    "aten::add": "residual add",
+}
+
+
+def build(threads: int, channels_last: bool, precision: str):
+    import torch
+
+    from bigbatch.models import create_model
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = create_model("small_resnet", 10, 1, width=24).to(memory_format=fmt)
+    images = torch.randn(512, 1, 28, 28).to(memory_format=fmt)
+    labels = torch.randint(0, 10, (512,))
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+
+    def one_pass() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = loss_fn(model(images).float(), labels)
+        loss.backward()
+
+    return one_pass
+
+
+def operator_shares(one_pass, passes: int) -> dict[str, float]:
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(passes):
+            one_pass()
+    totals: dict[str, float] = {}
+    for event in profile.key_averages():
+        group = GROUPS.get(event.key, "other")
+        totals[group] = totals.get(group, 0.0) + event.self_cpu_time_total
+    whole = sum(totals.values())
+    return {group: round(value / whole, 4) for group, value in
+            sorted(totals.items(), key=lambda item: -item[1])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels_last")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--no-save", action="store_true")
+    options = parser.parse_args()
+    one_pass = build(options.threads, not options.contiguous, options.precision)
+    for _ in range(3):
+        one_pass()  # warm-up: oneDNN primitives and the allocator's pools
+    seconds = []
+    for _ in range(options.repeats):
+        start = time.perf_counter()
+        one_pass()
+        seconds.append(time.perf_counter() - start)
+    record = {
+        "benchmark": "default_model_ops",
+        "settings": {"model": "small_resnet width 24", "micro_batch": 512,
+                     "threads": options.threads, "channels_last": not options.contiguous,
+                     "precision": options.precision},
+        "seconds_per_micro_batch": {"median": round(median(seconds), 4),
+                                    "min": round(min(seconds), 4),
+                                    "max": round(max(seconds), 4)},
+        "operator_share": operator_shares(one_pass, passes=5),
+        "machine": machine_info(),
+    }
+    print(json.dumps(record, indent=1))
+    if not options.no_save:
+        append_result("default_model_ops", record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
