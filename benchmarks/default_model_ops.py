@@ -1,6 +1,6 @@
 """Where the default recipe's training time goes, by operator: one micro-batch's forward and
-backward pass of its model (small_resnet width 24, Fashion-MNIST's 1x28x28 input, micro-batch 512,
-label smoothing 0.1, fp32 unless --precision bf16) under torch.profiler, grouped into
+backward pass of its model (the fashion-mnist recipe's model, micro-batch and label smoothing on
+1x28x28 inputs, fp32 unless --precision bf16) under torch.profiler, grouped into
 convolution, BatchNorm, ReLU, residual add and the rest, forward and backward apart.
 
     python benchmarks/default_model_ops.py  # JSON; appends docs/results/default_model_ops.jsonl
@@ -32,24 +32,32 @@ GROUPS = {
 
 
 def build(threads: int, channels_last: bool, precision: str):
+    """One training pass (zeroed gradients, forward, loss, backward) of the default recipe's
+    model on a micro-batch of its size, with random 1x28x28 images and labels."""
     import torch
 
-    from bigbatch.models import create_model
+    from bigbatch.build import model_for
+    from bigbatch.config import resolve_config
 
+    cfg = resolve_config()  # the default recipe: model, micro-batch, label smoothing
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = create_model("small_resnet", 10, 1, width=24).to(memory_format=fmt)
-    images = torch.randn(512, 1, 28, 28).to(memory_format=fmt)
-    labels = torch.randint(0, 10, (512,))
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    model = model_for(cfg, num_classes=10, in_channels=1).to(memory_format=fmt)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(cfg.micro_batch, 1, 28, 28, generator=generator).to(memory_format=fmt)
+    labels = torch.randint(0, 10, (cfg.micro_batch,), generator=generator)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
     def one_pass() -> None:
+        model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = loss_fn(model(images).float(), labels)
         loss.backward()
 
-    return one_pass
+    settings = {"recipe": "fashion-mnist", "model": cfg.model.name, **cfg.model.options,
+                "micro_batch": cfg.micro_batch, "threads": threads,
+                "channels_last": channels_last, "precision": precision}
+    return one_pass, settings
 
 
 def operator_shares(one_pass, passes: int) -> dict[str, float]:
@@ -75,7 +83,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-save", action="store_true")
     options = parser.parse_args()
-    one_pass = build(options.threads, not options.contiguous, options.precision)
+    one_pass, settings = build(options.threads, not options.contiguous, options.precision)
     for _ in range(3):
         one_pass()  # warm-up: oneDNN primitives and the allocator's pools
     seconds = []
@@ -85,9 +93,7 @@ def main() -> int:
         seconds.append(time.perf_counter() - start)
     record = {
         "benchmark": "default_model_ops",
-        "settings": {"model": "small_resnet width 24", "micro_batch": 512,
-                     "threads": options.threads, "channels_last": not options.contiguous,
-                     "precision": options.precision},
+        "settings": settings,
         "seconds_per_micro_batch": {"median": round(median(seconds), 4),
                                     "min": round(min(seconds), 4),
                                     "max": round(max(seconds), 4)},

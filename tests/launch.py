@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -107,36 +109,59 @@ def run_bigbatch(
 
 
 def torchrun_worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The rendezvous variables torchrun --standalone gives worker ``rank`` on one node."""
+    """The rank and rendezvous variables torchrun --standalone gives worker ``rank`` on one node
+    (not TORCHELASTIC_USE_AGENT_STORE: with no agent, rank 0 hosts the store, env:// style)."""
     return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
+# After one rank fails, how long the others may take to notice (gloo: about 30 s) before they
+# are killed, as torchrun's agent would kill them.
+FAILED_RANK_GRACE_SECONDS = 60
+
+
 def run_ranks_without_agent(args: list[str], nproc: int, env: dict[str, str] | None,
                             timeout: float, check: bool) -> subprocess.CompletedProcess:
     """``nproc`` bigbatch processes with torchrun's worker variables; the result's exit code is
-    the first non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order."""
+    the first non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order.
+    Every rank is killed at ``timeout``, and the others a grace period after one fails."""
     port = free_port()
     command = [sys.executable, "-m", "bigbatch", *args]
-    processes = [subprocess.Popen(command, env=process_env({**(env or {}),
-                                                            **torchrun_worker_env(rank, nproc,
-                                                                                  port)}),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(nproc)]
-    try:
-        outputs = [process.communicate(timeout=timeout) for process in processes]
-    finally:
-        for process in processes:  # a hung rank must not outlive the test
-            if process.poll() is None:
-                process.kill()
+    with tempfile.TemporaryDirectory() as scratch:
+        logs = [(Path(scratch) / f"{rank}.out", Path(scratch) / f"{rank}.err")
+                for rank in range(nproc)]
+        processes = []
+        for rank, (out, err) in enumerate(logs):
+            with out.open("w") as stdout, err.open("w") as stderr:  # the child keeps its copies
+                processes.append(subprocess.Popen(
+                    command, stdout=stdout, stderr=stderr,
+                    env=process_env({**(env or {}), **torchrun_worker_env(rank, nproc, port)})))
+        wait_for_ranks(processes, timeout)
+        outputs = [(out.read_text(), err.read_text()) for out, err in logs]
     codes = [process.returncode for process in processes]
     code = next((c for c in codes if c != 0), 0)
+    stderr = "".join(err for _, err in outputs)
     if check and code != 0:
         raise AssertionError(f"{nproc} ranks of {' '.join(command)} exited {codes}:\n"
-                             + "".join(stderr for _, stderr in outputs)[-4000:])
-    return subprocess.CompletedProcess(command, code, outputs[0][0],
-                                       "".join(stderr for _, stderr in outputs))
+                             + stderr[-4000:])
+    return subprocess.CompletedProcess(command, code, outputs[0][0], stderr)
+
+
+def wait_for_ranks(processes: list[subprocess.Popen], timeout: float) -> None:
+    """Wait until every process has exited; kill those left at ``timeout``, or
+    FAILED_RANK_GRACE_SECONDS after the first non-zero exit."""
+    deadline = time.monotonic() + timeout
+    while any(process.poll() is None for process in processes):
+        if any(process.returncode not in (None, 0) for process in processes):
+            deadline = min(deadline, time.monotonic() + FAILED_RANK_GRACE_SECONDS)
+        if time.monotonic() > deadline:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+        time.sleep(0.1)
+    for process in processes:
+        process.wait()
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -123,12 +123,14 @@ def test_subset_and_build_datasets() -> None:
     assert train.augment and not val.augment
     with pytest.raises(ConfigError, match="image_size to 28"):
         build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, image_size=224)
-    with pytest.raises(ConfigError, match="outside 1..60000 for Fashion-MNIST's training set"):
+    with pytest.raises(ConfigError, match="--train-subset 60001 is outside 1..60000 for "
+                                          "Fashion-MNIST's training set"):
         FashionMNIST(SYSTEM_DIR, train=True, subset=60001)
     _, val = build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, val_subset=300)
     full = FashionMNIST(SYSTEM_DIR, train=False)
     assert len(val) == 300 and torch.equal(val.labels, full.labels[:300])
-    with pytest.raises(ConfigError, match="outside 1..10000 for Fashion-MNIST's test set"):
+    with pytest.raises(ConfigError, match="--val-subset 10001 is outside 1..10000 for "
+                                          "Fashion-MNIST's test set"):
         build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, val_subset=10001)
 
 

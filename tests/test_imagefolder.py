@@ -234,6 +234,10 @@ def test_synthetic_images_are_deterministic() -> None:
     train, val = build_datasets("synthetic", path=None, seed=3, image_size=16,
                                 synthetic_examples=100, synthetic_classes=10)
     assert isinstance(train, SyntheticImages) and len(train) == 100 and len(val) == 10
+    _, fewer = build_datasets("synthetic", path=None, seed=3, image_size=16,
+                              synthetic_examples=100, synthetic_classes=10, val_subset=4)
+    assert len(fewer) == 4 and torch.equal(fewer.__getitems__([(0, 0)]).images,
+                                           val.__getitems__([(0, 0)]).images)  # the first 4
     batch = train.__getitems__([(i, 0) for i in range(100)])
     assert batch.images.shape == (100, 3, 16, 16) and batch.labels.max() < 10
     assert len(set(batch.labels.tolist())) == 10

@@ -154,6 +154,10 @@ def test_build_datasets_packed(packed: Path) -> None:
                                 train_subset=9)
     assert len(train) == 9 and sorted(set(train.labels.tolist())) == [0, 1, 2]
     assert train.train and not val.train and val.resize_size == 37
+    _, val = build_datasets("packed", path=str(packed), seed=0, image_size=32, val_subset=3)
+    assert len(val) == 3 and sorted(val.labels.tolist()) == [0, 1, 2]
+    with pytest.raises(ConfigError, match="--val-subset 7 is outside 1..6, the val examples"):
+        build_datasets("packed", path=str(packed), seed=0, image_size=32, val_subset=7)
     with pytest.raises(ConfigError, match="needs a folder"):
         build_datasets("packed", path=None, seed=0)
     with pytest.raises(ConfigError, match="encoding must be one of jpeg, raw"):

@@ -184,6 +184,7 @@ def test_eval_takes_only_eval_keys_and_the_val_subset():
     assert eval_config(raw, []).eval.bn_recompute == 0  # the file's statistics, unless asked
     assert eval_config(raw, ["eval.bn_recompute=9"]).eval.bn_recompute == 9
     assert eval_config(raw, ["data.val_subset=null"]).data.val_subset is None
+    assert eval_config(raw, [" data.val_subset = 5"]).data.val_subset == 5
     only = "bigbatch eval --set takes eval.* keys and data.val_subset only"
     for assignment in ("seed=1", "data.val_subset_x=1", "data.train_subset=8"):
         with pytest.raises(ConfigError, match=only):

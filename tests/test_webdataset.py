@@ -265,6 +265,9 @@ def test_subset_pickling_and_uint8(shards: Path) -> None:
     train, _ = build_datasets("webdataset", path=str(shards), seed=1, image_size=SIZE,
                               train_subset=10, normalize=False)
     assert len(train) == 10 and train.rows.tolist() == [0, 2, 5, 8, 11, 14, 17, 20, 23, 26]
+    _, val = build_datasets("webdataset", path=str(shards), seed=1, image_size=SIZE,
+                            val_subset=3)
+    assert len(val) == 3 and val.rows.tolist() == [0, 2, 4]  # spread over the 6
     before = train.__getitems__(list(range(10)))
     clone = pickle.loads(pickle.dumps(train))
     assert not clone.files._maps

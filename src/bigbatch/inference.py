@@ -65,17 +65,14 @@ def evaluate_weights(
     return precise.evaluate(model, step, evaluate_model, evaluate_model())[0]
 
 
-# what `bigbatch eval --set` may change: how to evaluate and on how many validation examples
-EVAL_OVERRIDABLE = ("eval.", "data.val_subset=")
-
-
 def eval_config(raw: dict[str, Any], overrides: Sequence[str]) -> RunConfig:
     """The weights' run config with the overrides of `bigbatch eval --set` (eval.* keys and
     data.val_subset). The run's own eval.bn_recompute is not applied (the file already carries
     the statistics it chose)."""
     raw = {**raw, "eval": {**(raw.get("eval") or {}), "bn_recompute": 0}}
     for assignment in overrides:
-        if not assignment.strip().startswith(EVAL_OVERRIDABLE):
+        key = assignment.split("=", 1)[0].strip()
+        if not (key.startswith("eval.") or key == "data.val_subset"):
             raise ConfigError("bigbatch eval --set takes eval.* keys and data.val_subset only, "
                               f"got '{assignment}'")
     cfg = config_from_dict(apply_overrides(raw, list(overrides)))

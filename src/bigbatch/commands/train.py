@@ -31,7 +31,8 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     "warmup_epochs": ("schedule.warmup_epochs", float, "linear warmup length in epochs"),
     "seed": ("seed", int, "seed of the whole run (data order, augmentation, init, dropout)"),
     "train_subset": ("data.train_subset", int, "use only the first N training examples"),
-    "val_subset": ("data.val_subset", int, "evaluate on the first N validation examples only"),
+    "val_subset": ("data.val_subset", int, "evaluate on N validation examples only (Fashion-MNIST: "
+                   "the first N; folders and shards: spread evenly over them)"),
     "resume": (
         "checkpoint.resume",
         str,

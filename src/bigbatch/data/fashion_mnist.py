@@ -242,8 +242,8 @@ class FashionMNIST(Dataset):
         images, labels = load_split(Path(root), train)
         if subset is not None:
             if not 1 <= subset <= len(labels):
-                split = "training" if train else "test"
-                raise ConfigError(f"subset {subset} is outside 1..{len(labels)} for "
+                flag, split = ("train", "training") if train else ("val", "test")
+                raise ConfigError(f"--{flag}-subset {subset} is outside 1..{len(labels)} for "
                                   f"Fashion-MNIST's {split} set; pick a smaller subset or none")
             images, labels = images[:subset].clone(), labels[:subset].clone()
         self.images = images

@@ -66,6 +66,7 @@ def build_summary(cfg: RunConfig, ctx: DistContext, geometry: BatchGeometry, ste
         "top1": result.get("top1"),
         "top5": result.get("top5"),
         "val_loss": result.get("loss"),
+        "val_examples": result.get("examples"),  # fewer than the split's with data.val_subset
         **{key: result[key] for key in TRAINED_FIELDS if key in result},
         "epochs": geometry.epoch_of(step),
         "steps": step,
