@@ -27,7 +27,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -50,7 +49,10 @@ from bigbatch.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from bigbatch.data.webdataset import WebDatasetImages, shard_paths
 from bigbatch.data.webdataset_write import write_webdataset
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "input_pipeline.jsonl"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import append_result  # noqa: E402
+from common import machine_info as common_machine_info  # noqa: E402
+
 IMAGE_SIZE = 224
 
 
@@ -117,26 +119,9 @@ def bigbatch_pass(dataset, batch: int) -> Callable[[int], int]:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "pillow": PIL.__version__,
-        "libjpeg_turbo": features.version("jpg"),
-    }
+    """The machine as common.machine_info gives it, with the image libraries the decoders use."""
+    return {**common_machine_info(), "pillow": PIL.__version__,
+            "libjpeg_turbo": features.version("jpg")}
 
 
 def measure(methods: dict[str, Callable[[int], int]], rounds: int) -> dict[str, list[float]]:
@@ -225,9 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     if not args.no_save:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as handle:
-            handle.write(json.dumps(result) + "\n")
+        append_result("input_pipeline", result)
     return result
 
 

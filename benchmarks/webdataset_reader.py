@@ -39,9 +39,9 @@ from bigbatch.data import webdataset
 from bigbatch.data.webdataset import WebDatasetImages, read_cached_index, scan_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import append_result  # noqa: E402
 from input_pipeline import machine_info  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "webdataset_reader.jsonl"
 MEMBER_BYTES = 110_000  # about an ImageNet JPEG
 
 
@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     if not args.no_save:
-        with RESULTS.open("a") as handle:
-            handle.write(json.dumps(result) + "\n")
+        append_result("webdataset_reader", result)
     return result
 
 
