@@ -34,10 +34,8 @@ and their range (min-max over the repetitions).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -46,7 +44,8 @@ from pathlib import Path
 
 import torch
 import torchvision
-from common import RESULTS_DIR, cpu_model, git_commit
+from common import RESULTS_DIR
+from common import machine_info as common_machine_info
 
 from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel
 
@@ -140,21 +139,11 @@ def ratio_summary(times: dict[str, list[float]], num: str, den: str) -> dict[str
             "min_paired": round(min(paired), 3), "max_paired": round(max(paired), 3)}
 
 
-def machine_info(threads: int, device: torch.device) -> dict[str, object]:
-    import timm
-
-    info: dict[str, object] = {
-        "platform": platform.platform(), "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "cpu": cpu_model(), "torch_threads": threads,
-        "torch": torch.__version__, "timm": timm.__version__, "device": str(device),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        # Other processes' load skews the timings; record it (1-minute average, end of run).
-        "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
+def machine_info(device: torch.device) -> dict[str, object]:
+    """common.machine_info, with the device and the 1-minute load average at the end of the run
+    under the names lars_step_summary reads (other processes' load skews the timings)."""
+    return {**common_machine_info(device), "device": str(device),
+            "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_ms": {k: round(max(v) * 1e3, 2) for k, v in times.items()},
         "ratios": ratios, "compile_s": compile_s, "targets": TARGETS,
         "lars_kernel": lars_kernel.available(), "lamb_kernel": lamb_kernel.available(),
-        "machine": machine_info(args.threads, device),
+        "machine": machine_info(device),
     }
     json.dump(record, sys.stdout, indent=2)
     sys.stdout.write("\n")
