@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -142,8 +141,8 @@ def ratio_summary(times: dict[str, list[float]], num: str, den: str) -> dict[str
 def machine_info(device: torch.device) -> dict[str, object]:
     """common.machine_info, with the device and the 1-minute load average at the end of the run
     under the names lars_step_summary reads (other processes' load skews the timings)."""
-    return {**common_machine_info(device), "device": str(device),
-            "loadavg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    info = common_machine_info(device)
+    return {**info, "device": str(device), "loadavg_1min": info["load_average"]["1min"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,9 +90,10 @@ def scan_split(split_dir: Path, class_names: list[str] | None
     return encoded, np.array(labels, dtype=np.int64), classes, ignored
 
 
-def strided_subset(total: int, subset: int, split: str) -> np.ndarray:
+def strided_subset(total: int, subset: int, train: bool) -> np.ndarray:
     """``subset`` indices spread evenly over a class-sorted list, so every class keeps examples.
-    ``split`` ("train" or "val") names the flag in the error."""
+    ``train`` says which split's flag the error names."""
+    split = "train" if train else "val"
     if not 1 <= subset <= total:
         raise ConfigError(f"--{split}-subset {subset} is outside 1..{total}, the {split} "
                           "examples there; pick a smaller subset or none")
@@ -136,7 +137,7 @@ class ImageFolderData(IndexedImages):
             log.warning("ignored %d files without an image extension under %s, e.g. %s",
                         len(ignored), self.split_dir, ", ".join(ignored[:_IGNORED_EXAMPLES]))
         if subset is not None:
-            chosen = strided_subset(len(files), subset, "train" if train else "val")
+            chosen = strided_subset(len(files), subset, train)
             files, labels = files[chosen], labels[chosen]
         self.files = files
         self.labels = labels

@@ -414,7 +414,7 @@ class PackedImages(IndexedImages):
         self.index = read_index(self.root / split)
         rows = np.arange(len(self.index.label))
         if subset is not None:
-            rows = rows[strided_subset(len(rows), subset, "train" if train else "val")]
+            rows = rows[strided_subset(len(rows), subset, train)]
         self.rows = rows
         self.labels = self.index.label[self.rows]
         self.classes: list[str] = list(self.index.meta["classes"])

@@ -366,7 +366,7 @@ class WebDatasetImages(IndexedImages):
             raise DataError(f"no sample in {paths[0]}, ... has a readable label (.cls or .json)")
         rows = np.arange(len(columns["key"]))
         if subset is not None:
-            rows = rows[strided_subset(len(rows), subset, "train" if train else "val")]
+            rows = rows[strided_subset(len(rows), subset, train)]
         self.rows = rows
         self.keys, self.offsets, self.sizes = (columns[n][rows] for n in ("key", "offset", "size"))
         self.shard = self.shard[rows]
