@@ -20,7 +20,8 @@ RESULTS = ROOT / "docs" / "results"
 
 # First header cell -> (record files, columns whose numbers are not measurements).
 TABLES = {
-    "batch": (["batch_scaling/sweep.csv"], {0, 1}),  # batch size and step count: the grid
+    "batch": (["batch_scaling_20ep/sweep.csv"], {0, 1}),  # batch size and step count: the grid
+    "seeds at batch": (["batch_scaling_20ep/sweep.md"], {0}),
     "measurement": (["lars_step.jsonl", "lars_step_summary.json", "train_throughput.jsonl",
                      "input_pipeline.jsonl", "time_to_accuracy.jsonl"], {0, 2}),
     "check": (["scaling_planner.json", "scaling_planner.md", "allreduce_loopback_p2.json",
