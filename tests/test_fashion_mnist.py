@@ -134,6 +134,19 @@ def test_subset_and_build_datasets() -> None:
         build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, val_subset=10001)
 
 
+@needs_data
+def test_training_set_without_augmentation_gives_the_images_as_they_are() -> None:
+    train, _ = build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, train_subset=64,
+                              augment=False)
+    assert train.train and not train.augment
+    keys = [(index, epoch) for epoch in (0, 7) for index in (0, 5, 63)]
+    pixels = pixels_of(train.__getitems__(keys).images[:, 0])
+    np.testing.assert_array_equal(pixels, train.images[[0, 5, 63] * 2].numpy())
+    augmented, _ = build_datasets("fashion-mnist", path=str(SYSTEM_DIR), seed=0, train_subset=64)
+    moved = pixels_of(augmented.__getitems__(keys).images[:, 0])
+    assert sum(not np.array_equal(a, b) for a, b in zip(moved, pixels, strict=True)) >= 3
+
+
 def copy_test_split(source: Path, target: Path) -> None:
     """Copy the four files (only the test split is read, so the train files are links)."""
     target.mkdir()

@@ -215,6 +215,21 @@ def test_build_datasets_imagefolder(folder: FolderInfo) -> None:
         build_datasets("imagefolder", path=str(folder.root), seed=0, on_broken="ignore")
 
 
+def test_training_set_without_augmentation_is_prepared_as_validation(folder: FolderInfo) -> None:
+    train, _ = build_datasets("imagefolder", path=str(folder.root), seed=0, image_size=32,
+                              augment=False)
+    assert train.train and not train.augment
+    center = ImageFolderData(folder.root, "train", train=False, seed=0, image_size=32,
+                             resize_size=train.resize_size)
+    good = [i for i in range(len(train)) if train.path(i) in set(folder.train_good)][:6]
+    for epoch in (0, 5):
+        keys = [(index, epoch) for index in good]
+        assert torch.equal(train.__getitems__(keys).images, center.__getitems__(keys).images)
+    augmented, _ = build_datasets("imagefolder", path=str(folder.root), seed=0, image_size=32)
+    keys = [(index, 5) for index in good]
+    assert not torch.equal(augmented.__getitems__(keys).images, center.__getitems__(keys).images)
+
+
 def test_loader_with_a_worker_gives_the_direct_batches(folder: FolderInfo) -> None:
     dataset = train_set(folder)
     plan = GlobalBatchPlan(BatchGeometry(8, 4, num_examples=len(dataset)), seed=3)

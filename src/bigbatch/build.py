@@ -46,6 +46,7 @@ def datasets_for(cfg: RunConfig, uint8_train: bool = False):
         fast_decode=cfg.data.fast_decode,
         normalize=not uint8_train,
         val_path=cfg.data.val_path,
+        augment=cfg.data.augment,
         num_classes=cfg.data.num_classes,
     )
     if uint8_train and hasattr(val, "normalize"):

@@ -27,6 +27,7 @@ class DataConfig:
     image_size: int | None = None  # None: the data set's native size or the model's default
     train_subset: int | None = None  # first N training examples, for quick runs
     val_subset: int | None = None  # N validation examples (folders, shards: spread evenly)
+    augment: bool = True  # training crop + flip; false: training images prepared as validation
     on_broken: str = "skip"  # broken image files: skip and report, or stop naming the file
     workers: int | None = None  # loader processes per rank; None: sized to the cores
     fast_decode: bool = True  # JPEG decode at reduced scale where the crop allows

@@ -34,8 +34,10 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
                    synthetic_examples: int = 10000, synthetic_classes: int = 1000,
                    in_channels: int = 3, fast_decode: bool = True,
                    normalize: bool = True, val_path: str | None = None,
-                   num_classes: int | None = None) -> tuple[Dataset, Dataset]:
-    """(training set with augmentation, validation set without) for data set ``name``.
+                   num_classes: int | None = None,
+                   augment: bool = True) -> tuple[Dataset, Dataset]:
+    """(training set, with augmentation unless ``augment`` is False; validation set, without)
+    for data set ``name``.
 
     Args:
         name: one of DATASETS.
@@ -55,19 +57,24 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
             normalised on the device with bigbatch.data.transforms.normalize_images.
         val_path / num_classes: webdataset's validation shards (default: a folder's val-*.tar)
             and number of classes (default: the largest training label + 1).
+        augment: augment the training set (Fashion-MNIST: 2-pixel crop + flip; folders and
+            shards: Inception crop + flip); False prepares training images as validation
+            images are. The synthetic set has no augmentation either way.
     """
     if on_broken not in ON_BROKEN:
         raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got {on_broken!r}")
     subsets = Subsets(train_subset, val_subset)
     if name == "fashion-mnist":
-        return _fashion_mnist(path, seed, image_size, subsets)
+        return _fashion_mnist(path, seed, image_size, subsets, augment)
     if name == "imagefolder":
-        return _imagefolder(path, seed, image_size, subsets, on_broken, fast_decode, normalize)
+        return _imagefolder(path, seed, image_size, subsets, on_broken, fast_decode, normalize,
+                            augment)
     if name == "packed":
-        return _packed(path, seed, image_size, subsets, on_broken, fast_decode, normalize)
+        return _packed(path, seed, image_size, subsets, on_broken, fast_decode, normalize,
+                       augment)
     if name == "webdataset":
         return _webdataset(path, val_path, seed, image_size, subsets, num_classes,
-                           on_broken, fast_decode, normalize)
+                           on_broken, fast_decode, normalize, augment)
     if name == "synthetic":
         return _synthetic(seed, image_size, subsets, synthetic_examples, synthetic_classes,
                           in_channels)
@@ -81,17 +88,18 @@ class Subsets(NamedTuple):
 
 
 def _fashion_mnist(path: str | None, seed: int, image_size: int | None,
-                   subsets: Subsets) -> tuple[Dataset, Dataset]:
+                   subsets: Subsets, augment: bool) -> tuple[Dataset, Dataset]:
     if image_size not in (None, FashionMNIST.image_size):
         raise ConfigError(f"Fashion-MNIST images are {FashionMNIST.image_size}x"
                           f"{FashionMNIST.image_size}; set image_size to 28 or leave it unset")
     root = locate_fashion_mnist(path)
-    return (FashionMNIST(root, train=True, seed=seed, subset=subsets.train),
+    return (FashionMNIST(root, train=True, seed=seed, subset=subsets.train, augment=augment),
             FashionMNIST(root, train=False, seed=seed, subset=subsets.val))
 
 
 def _imagefolder(path: str | None, seed: int, image_size: int | None, subsets: Subsets,
-                 on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
+                 on_broken: str, fast_decode: bool, normalize: bool,
+                 augment: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the imagefolder data set needs a folder; pass --data DIR with "
                           "DIR/train/<class>/<images> and DIR/val/<class>/<images>")
@@ -99,21 +107,24 @@ def _imagefolder(path: str | None, seed: int, image_size: int | None, subsets: S
     resize = eval_resize_size(size)
     common = dict(seed=seed, image_size=size, resize_size=resize, on_broken=on_broken,
                   fast_decode=fast_decode, normalize=normalize)
-    train = ImageFolderData(Path(path), "train", train=True, subset=subsets.train, **common)
+    train = ImageFolderData(Path(path), "train", train=True, augment=augment,
+                            subset=subsets.train, **common)
     val = ImageFolderData(Path(path), "val", train=False, class_names=train.classes,
                           subset=subsets.val, **common)
     return train, val
 
 
 def _packed(path: str | None, seed: int, image_size: int | None, subsets: Subsets,
-            on_broken: str, fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
+            on_broken: str, fast_decode: bool, normalize: bool,
+            augment: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the packed data set needs a folder; pass --data DIR written by "
                           "bigbatch.data.pack.pack_imagefolder")
     size = image_size or DEFAULT_IMAGE_SIZE
     common = dict(seed=seed, image_size=size, on_broken=on_broken, fast_decode=fast_decode,
                   normalize=normalize)
-    train = PackedImages(Path(path), "train", train=True, subset=subsets.train, **common)
+    train = PackedImages(Path(path), "train", train=True, augment=augment,
+                         subset=subsets.train, **common)
     val = PackedImages(Path(path), "val", train=False, subset=subsets.val, **common)
     if val.classes != train.classes:
         raise DataError(f"{path}/val was packed with other classes than {path}/train; pack "
@@ -123,14 +134,14 @@ def _packed(path: str | None, seed: int, image_size: int | None, subsets: Subset
 
 def _webdataset(path: str | None, val_path: str | None, seed: int, image_size: int | None,
                 subsets: Subsets, num_classes: int | None, on_broken: str,
-                fast_decode: bool, normalize: bool) -> tuple[Dataset, Dataset]:
+                fast_decode: bool, normalize: bool, augment: bool) -> tuple[Dataset, Dataset]:
     if path is None:
         raise ConfigError("the webdataset data set needs shards; pass --data "
                           "'PATH/train-{0000..0099}.tar', a folder of shards or a list file")
     train_shards, val_shards = split_shards(path, val_path)
     common = dict(seed=seed, image_size=image_size or DEFAULT_IMAGE_SIZE, on_broken=on_broken,
                   fast_decode=fast_decode, normalize=normalize)
-    train = WebDatasetImages(train_shards, train=True, subset=subsets.train,
+    train = WebDatasetImages(train_shards, train=True, augment=augment, subset=subsets.train,
                              num_classes=num_classes, **common)
     val = WebDatasetImages(val_shards, train=False, num_classes=train.num_classes,
                            subset=subsets.val, **common)

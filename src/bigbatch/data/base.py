@@ -38,7 +38,8 @@ class IndexedImages(Dataset):
     """Map-style image data set keyed by (index, epoch); ``__getitems__`` returns a Batch.
 
     Args (keyword-only):
-        train: augment (Inception crop + flip) if True, else resize + center crop.
+        train: the training split (augmented unless ``augment`` says otherwise) if True.
+        augment: Inception crop + flip if True, else resize + center crop (default: ``train``).
         seed: run seed for augmentation.
         image_size: output side.
         resize_size: evaluation resize of the shorter side before the center crop (default:
@@ -54,7 +55,8 @@ class IndexedImages(Dataset):
     remedy = "replace or delete it, or use on_broken=skip to skip broken examples"
 
     def __init__(self, *, train: bool, seed: int, image_size: int, resize_size: int | None,
-                 on_broken: str, fast_decode: bool, normalize: bool) -> None:
+                 on_broken: str, fast_decode: bool, normalize: bool,
+                 augment: bool | None = None) -> None:
         resize_size = eval_resize_size(image_size) if resize_size is None else resize_size
         if on_broken not in ON_BROKEN:
             raise ConfigError(f"on_broken must be one of {', '.join(ON_BROKEN)}, got "
@@ -63,6 +65,7 @@ class IndexedImages(Dataset):
             raise ConfigError(f"image size {image_size} must be positive and at most the resize "
                               f"size {resize_size}")
         self.train = train
+        self.augment = train if augment is None else augment
         self.seed = seed
         self.image_size = image_size
         self.resize_size = resize_size
@@ -85,7 +88,7 @@ class IndexedImages(Dataset):
 
     def crop_plan(self, index: int, epoch: int) -> tuple[BoxForSize, bool]:
         """(box for a width x height image, flip) of one example; see example_crop."""
-        return example_crop(self.train, self.seed, epoch, index, self.image_size,
+        return example_crop(self.augment, self.seed, epoch, index, self.image_size,
                             self.resize_size)
 
     def load_image(self, index: int, epoch: int) -> torch.Tensor:

@@ -106,7 +106,7 @@ class ImageFolderData(IndexedImages):
     Args:
         root: folder with train/ and val/ sub-folders of class folders.
         split: "train" or "val".
-        train: augment (Inception crop + flip) if True, else resize + center crop.
+        train: the training split (augmented unless ``augment`` says otherwise) if True.
         seed: run seed for augmentation.
         image_size: output side (default 224).
         resize_size: evaluation resize of the shorter side before the center crop (default 256).
@@ -117,6 +117,7 @@ class ImageFolderData(IndexedImages):
         subset: keep only this many examples, spread evenly over the classes (default all).
         normalize: return normalised float32 images (default); False returns uint8 images to
             be normalised on the device with transforms.normalize_images (cheaper loading).
+        augment: Inception crop + flip if True, else resize + center crop (default: ``train``).
     """
 
     remedy = "replace or delete the file, or use on_broken=skip to skip broken images"
@@ -125,11 +126,12 @@ class ImageFolderData(IndexedImages):
                  seed: int = 0, image_size: int = 224, resize_size: int = 256,
                  on_broken: str = "skip", class_names: list[str] | None = None,
                  fast_decode: bool = True, subset: int | None = None,
-                 normalize: bool = True) -> None:
+                 normalize: bool = True, augment: bool | None = None) -> None:
         if split not in SPLITS:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         super().__init__(train=train, seed=seed, image_size=image_size, resize_size=resize_size,
-                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize)
+                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize,
+                         augment=augment)
         self.root = Path(root)
         self.split_dir = check_data_root(self.root, split)
         files, labels, classes, ignored = scan_split(self.split_dir, class_names)

@@ -406,9 +406,11 @@ class PackedImages(IndexedImages):
     def __init__(self, root: str | os.PathLike, split: str = "train", train: bool = True,
                  seed: int = 0, image_size: int = 224, resize_size: int | None = None,
                  on_broken: str = "skip", fast_decode: bool = True,
-                 subset: int | None = None, normalize: bool = True) -> None:
+                 subset: int | None = None, normalize: bool = True,
+                 augment: bool | None = None) -> None:
         super().__init__(train=train, seed=seed, image_size=image_size, resize_size=resize_size,
-                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize)
+                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize,
+                         augment=augment)
         self.root = Path(root)
         self.split = split
         self.index = read_index(self.root / split)

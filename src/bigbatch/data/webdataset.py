@@ -344,9 +344,11 @@ class WebDatasetImages(IndexedImages):
                  image_size: int = 224, resize_size: int | None = None,
                  on_broken: str = "skip", fast_decode: bool = True, subset: int | None = None,
                  normalize: bool = True, num_classes: int | None = None,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None,
+                 augment: bool | None = None) -> None:
         super().__init__(train=train, seed=seed, image_size=image_size, resize_size=resize_size,
-                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize)
+                         on_broken=on_broken, fast_decode=fast_decode, normalize=normalize,
+                         augment=augment)
         paths = [Path(shard) for shard in shards]
         if not paths:
             raise DataError("no shards given")
