@@ -198,6 +198,16 @@ def test_recipes_lists_every_recipe_with_its_description():
     assert all(len(line.split()) > 3 for line in lines)
 
 
+def test_output_cut_short_by_its_reader_ends_quietly():
+    # `bigbatch recipes | head -1`: the reader closes the pipe after one line.
+    reader = subprocess.Popen([sys.executable, "-m", "bigbatch", "recipes"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=process_env({"PYTHONUNBUFFERED": "0"}))
+    reader.stdout.close()
+    stderr = reader.stderr.read().decode()
+    assert reader.wait(timeout=60) == 141 and stderr == ""
+
+
 def test_data_pack_then_train_on_the_shards(tmp_path):
     info = make_image_folder(tmp_path / "images", per_class=4, val_per_class=2, broken=True)
     packed = json.loads(

@@ -35,13 +35,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USER_ERROR
     try:
-        return args.handler(args) or 0
+        code = args.handler(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except UserError as error:
         print(f"bigbatch: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("bigbatch: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`bigbatch recipes | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 141  # what a shell reports for a process killed by SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:
