@@ -47,6 +47,13 @@ TINY = [
     "channels_last=false",
     "--set",
     "precision=fp32",
+    # The settings these runs were calibrated with, whatever the default recipe says: BN and
+    # bias tensors outside LARS (the note above) and training augmentation on (so the engine's
+    # runs exercise it).
+    "--set",
+    "optim.exclude_bn_and_bias=true",
+    "--set",
+    "data.augment=true",
 ]
 
 

@@ -67,7 +67,7 @@ def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
     assert evals[-1]["examples"] == 6  # 3 classes x 2 validation images, each counted once
     correct = result["top1"] * 6 / 100
     assert correct == pytest.approx(round(correct), abs=1e-6)
-    assert evals[-1]["top1"] == result["top1"]
+    assert evals[-1]["top1"] == pytest.approx(result["top1"], abs=1e-6)  # the log keeps 8 decimals
     final = json.loads(run.stdout.strip().splitlines()[-1])
     assert final["steps"] == result["steps"]
 
