@@ -15,6 +15,7 @@ from bigbatch.distributed import DistContext
 from bigbatch.errors import CheckpointError, ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.precise_bn import PreciseBN
+from bigbatch.train.trainer import intra_op_threads
 
 
 def load_weights_file(path: str) -> dict[str, Any]:
@@ -42,12 +43,20 @@ def evaluate_weights(
     carries (final.pt of a run with eval.bn_recompute carries recomputed ones), or, with the
     override ``eval.bn_recompute=N``, with statistics recomputed from N micro-batches of the
     training set (bigbatch.precise_bn), as the run would have after its last step (after the
-    checkpoint's step for a checkpoint) and the result with the file's own as ``trained_*``."""
+    checkpoint's step for a checkpoint) and the result with the file's own as ``trained_*``.
+    Runs with the run's intra-op thread count (``threads``), since a CPU kernel's sums depend on
+    it: so the numbers are the run's own to the last bit."""
     state = load_weights_file(path)
     cfg = eval_config(state["config"], overrides)
     if data_path is not None:
         cfg.data.path = data_path
     validate(cfg)
+    with intra_op_threads(cfg.threads):
+        return _evaluate_config(cfg, state, path, batch_size)
+
+
+def _evaluate_config(cfg: RunConfig, state: dict, path: str, batch_size: int | None) -> dict:
+    """evaluate_weights once the config is resolved and the threads are set."""
     train_set, val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
     model = model_for(cfg, train_set.num_classes, train_set.in_channels)
     checkpoint.load_model_state(model, state["model"], f"weights file {path}")
