@@ -6,12 +6,13 @@
         --record full_run_1thread --layouts exact-w1,exact-w2,exact-w4,exact-w2-killed-w4
 
 Each layout is `bigbatch train` with no other arguments than the mode (the recipe's model, batch,
-LR 20, 280 steps, channels_last, the precision `auto` picks), under torchrun (gloo) for more than
+LR, steps, channels_last, the precision `auto` picks; the committed records were made with the
+20-epoch recipe of the time, 280 steps), under torchrun (gloo) for more than
 one process. A layout whose summary.json exists is not run again, so rerunning the command
 continues where it stopped. Writes docs/results/exact_reduction/full_run.json: each run's top-1,
 wall time and peak memory, and for every exact layout whether its final weights, BatchNorm
 statistics and per-step losses are bit-identical to the 1-process exact run's (the layout
-exact-w2-killed-w4 runs on 2 processes, rank 1 is killed after 141 of the 280 steps (fault
+exact-w2-killed-w4 runs on 2 processes, rank 1 is killed after step 141 (fault
 `crash:step=141`), and 4 processes resume it from the step-141 checkpoint); the runs'
 summary.json and metrics.jsonl files are copied beside it.
 
