@@ -199,10 +199,12 @@ def test_recipes_lists_every_recipe_with_its_description():
 
 
 def test_output_cut_short_by_its_reader_ends_quietly():
-    # `bigbatch recipes | head -1`: the reader closes the pipe after one line.
+    # `bigbatch recipes | head -1`: the reader closes the pipe after one line. Buffered output,
+    # as a user's shell gives it (any value of PYTHONUNBUFFERED, "0" too, unbuffers it).
+    env = process_env()
+    del env["PYTHONUNBUFFERED"]
     reader = subprocess.Popen([sys.executable, "-m", "bigbatch", "recipes"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=process_env({"PYTHONUNBUFFERED": "0"}))
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     reader.stdout.close()
     stderr = reader.stderr.read().decode()
     assert reader.wait(timeout=60) == 141 and stderr == ""
