@@ -1,10 +1,11 @@
 """Where the default recipe's training time goes, by operator: one micro-batch's forward and
 backward pass of its model (the fashion-mnist recipe's model, micro-batch and label smoothing on
-1x28x28 inputs, fp32 unless --precision bf16) under torch.profiler, grouped into
+1x28x28 inputs unless --size, fp32 unless --precision bf16) under torch.profiler, grouped into
 convolution, BatchNorm, ReLU, residual add and the rest, forward and backward apart.
 
     python benchmarks/default_model_ops.py  # JSON; appends docs/results/default_model_ops.jsonl
     python benchmarks/default_model_ops.py --threads 1 --contiguous --no-save
+    python benchmarks/default_model_ops.py --size 20  # a smaller input (progressive resizing)
 
 The shares are of the operators' own CPU time summed over the profiled passes; the wall time per
 micro-batch is measured apart, without the profiler, as the median of --repeats passes.
@@ -31,9 +32,9 @@ GROUPS = {
 }
 
 
-def build(threads: int, channels_last: bool, precision: str):
+def build(threads: int, channels_last: bool, precision: str, size: int = 28):
     """One training pass (zeroed gradients, forward, loss, backward) of the default recipe's
-    model on a micro-batch of its size, with random 1x28x28 images and labels."""
+    model on a micro-batch of its size, with random 1 x size x size images and labels."""
     import torch
 
     from bigbatch.build import model_for
@@ -44,7 +45,7 @@ def build(threads: int, channels_last: bool, precision: str):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = model_for(cfg, num_classes=10, in_channels=1).to(memory_format=fmt)
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(cfg.micro_batch, 1, 28, 28, generator=generator).to(memory_format=fmt)
+    images = torch.randn(cfg.micro_batch, 1, size, size, generator=generator).to(memory_format=fmt)
     labels = torch.randint(0, 10, (cfg.micro_batch,), generator=generator)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
 
@@ -56,7 +57,7 @@ def build(threads: int, channels_last: bool, precision: str):
 
     settings = {"recipe": "fashion-mnist", "model": cfg.model.name, **cfg.model.options,
                 "micro_batch": cfg.micro_batch, "threads": threads,
-                "channels_last": channels_last, "precision": precision}
+                "channels_last": channels_last, "precision": precision, "size": size}
     return one_pass, settings
 
 
@@ -80,10 +81,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels_last")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--size", type=int, default=28, help="input height and width")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-save", action="store_true")
     options = parser.parse_args()
-    one_pass, settings = build(options.threads, not options.contiguous, options.precision)
+    one_pass, settings = build(options.threads, not options.contiguous, options.precision,
+                              options.size)
     for _ in range(3):
         one_pass()  # warm-up: oneDNN primitives and the allocator's pools
     seconds = []

@@ -101,6 +101,16 @@ class EvalConfig:
 
 
 @dataclass
+class ResizeConfig:
+    # Progressive resizing (bigbatch.train.resize): training images scaled by initial_scale at
+    # the first step, the scale rising linearly to 1 at (1 - finetune_fraction) of the steps and
+    # staying 1 after; sides rounded down to a multiple of multiple_of. initial_scale 1: off.
+    initial_scale: float = 1.0
+    finetune_fraction: float = 0.5
+    multiple_of: int = 4
+
+
+@dataclass
 class RunConfig:
     epochs: float = 10
     global_batch: int = 4096
@@ -128,6 +138,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    resize: ResizeConfig = field(default_factory=ResizeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -293,6 +304,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     _check_range("optim.momentum", cfg.optim.momentum, 0.0, 1.0, upper_open=True)
     _check_range("label_smoothing", cfg.label_smoothing, 0.0, 1.0, upper_open=True)
+    _check_positive("resize.initial_scale", cfg.resize.initial_scale)
+    _check_range("resize.initial_scale", cfg.resize.initial_scale, 0.0, 1.0, upper_open=False)
+    _check_range("resize.finetune_fraction", cfg.resize.finetune_fraction, 0.0, 1.0,
+                 upper_open=False)
+    _check_positive("resize.multiple_of", cfg.resize.multiple_of)
     for name in (
         "optim.weight_decay",
         "optim.trust_coefficient",
@@ -391,7 +407,8 @@ def _check_non_negative(name: str, value: float) -> None:
 def _check_range(name: str, value: float, low: float, high: float, upper_open: bool) -> None:
     ok = low <= value < high if upper_open else low <= value <= high
     if not ok:
-        raise ConfigError(f"'{name}' must be in [{low}, {high}), got {value}")
+        bracket = ")" if upper_open else "]"
+        raise ConfigError(f"'{name}' must be in [{low}, {high}{bracket}, got {value}")
 
 
 def resolve_config(

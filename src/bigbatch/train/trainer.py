@@ -60,6 +60,7 @@ from bigbatch.train.record import (
     write_start_record,
 )
 from bigbatch.train.reduction import reduction_for
+from bigbatch.train.resize import ProgressiveResize
 from bigbatch.train.resume import CheckpointClock, restore, save_checkpoint
 from bigbatch.train.tensorboard import TensorBoardLog
 from bigbatch.train.timing import StepTimer
@@ -106,6 +107,8 @@ class Trainer:
         self.optimizer = optimizer_for(cfg, self.model)
         self.parameter_names = {id(p): name for name, p in self.model.named_parameters()}
         self.schedule = schedule_for(cfg, self.geometry)
+        self.resize = ProgressiveResize(cfg.resize, self.schedule.total_steps)
+        self.image_side = 0  # the training images' height at the last step, for the record
         self.position = restore(cfg, ctx, self.run_dir, self.model, self.optimizer)
         if ctx.is_main:
             write_start_record(cfg, self.run_dir, self.geometry, self.schedule.total_steps,
@@ -184,7 +187,7 @@ class Trainer:
         losses: list[torch.Tensor] = []
         examples = skipped_images = 0
         for accumulation in range(self.geometry.accumulation_steps):
-            batch = self.next_micro_batch(timer)
+            batch = self.next_micro_batch(timer, step)
             skipped_images += report_skipped(batch.skipped, self.ctx)
             micro_index = self.geometry.micro_index(accumulation, self.ctx.rank)
             torch.manual_seed(mix64(self.cfg.seed, epoch, step_in_epoch, micro_index))  # dropout
@@ -206,16 +209,25 @@ class Trainer:
                           time.perf_counter() - started, timer, votes.stop_votes,
                           votes.clock_votes)
 
-    def next_micro_batch(self, timer: StepTimer) -> Batch:
-        """The next micro-batch of this rank, on the device and normalised (timed as data)."""
+    def next_micro_batch(self, timer: StepTimer, step: int) -> Batch:
+        """The next micro-batch of this rank, on the device, normalised and at the size of
+        ``step`` (timed as data)."""
         timer.start("data")
         batch = next(self.micro_batches)
         images = batch.images.to(self.ctx.device, non_blocking=True,
                                  memory_format=self.memory_format)
         images = normalize_images(images)  # uint8 batches: on the device; float: unchanged
+        images = self.resize(images, step, self.memory_format)
+        self.note_image_side(images.shape[-2], step)
         labels = batch.labels.to(self.ctx.device, non_blocking=True)
         timer.stop("data")
         return Batch(images, labels, batch.skipped)
+
+    def note_image_side(self, side: int, step: int) -> None:
+        if side != self.image_side and self.resize.enabled and self.ctx.is_main:
+            log.info("step %d: training images %d pixels high (progressive resizing)",
+                     step + 1, side)
+        self.image_side = side
 
     def forward_backward(self, batch: Batch, last: bool, timer: StepTimer) -> torch.Tensor:
         """Forward and backward of one micro-batch; the gradient all-reduce runs on the last.
@@ -281,6 +293,7 @@ class Trainer:
             "lr": result.lr,
             "loss": result.loss,
             "images_per_second": result.examples / result.seconds,
+            "image_size": self.image_side,
             **result.timer.as_record(),
             **trust_ratio_fields(self.optimizer, self.parameter_names),
         })
