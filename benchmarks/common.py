@@ -69,6 +69,34 @@ def load_average() -> dict[str, float]:
     return {"1min": round(one, 2), "5min": round(five, 2), "15min": round(fifteen, 2)}
 
 
+def process_tree_memory_mib(pid: int) -> dict[str, float]:
+    """The memory of a process and all its descendants now (Linux): the sum of their
+    proportional set sizes (shared pages divided among the processes sharing them, so libraries
+    mapped by several processes count once) and the sum of their resident set sizes."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue  # not a process, or one that just ended
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, pss, rss = [pid], 0.0, 0.0
+    while tree:
+        current = tree.pop()
+        tree.extend(children.get(current, []))
+        try:
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        for line in rollup:
+            if line.startswith(("Pss:", "Rss:")):
+                kib = float(line.split()[1])
+                pss, rss = (pss + kib, rss) if line.startswith("Pss:") else (pss, rss + kib)
+    return {"pss": pss / 1024.0, "rss": rss / 1024.0}
+
+
 def git_commit(repo: Path = REPO) -> str | None:
     """The commit the benchmark ran at, with '+dirty' when tracked files were modified (records
     under docs/results, which benchmarks append to, do not count)."""

@@ -6,6 +6,7 @@ convolution, BatchNorm, ReLU, residual add and the rest, forward and backward ap
     python benchmarks/default_model_ops.py  # JSON; appends docs/results/default_model_ops.jsonl
     python benchmarks/default_model_ops.py --threads 1 --contiguous --no-save
     python benchmarks/default_model_ops.py --size 20  # a smaller input (progressive resizing)
+    python benchmarks/default_model_ops.py --set model.options.width=20  # any recipe key
 
 The shares are of the operators' own CPU time summed over the profiled passes; the wall time per
 micro-batch is measured apart, without the profiler, as the median of --repeats passes.
@@ -32,7 +33,8 @@ GROUPS = {
 }
 
 
-def build(threads: int, channels_last: bool, precision: str, size: int = 28):
+def build(threads: int, channels_last: bool, precision: str, size: int = 28,
+          overrides: list[str] | None = None):
     """One training pass (zeroed gradients, forward, loss, backward) of the default recipe's
     model on a micro-batch of its size, with random 1 x size x size images and labels."""
     import torch
@@ -40,7 +42,7 @@ def build(threads: int, channels_last: bool, precision: str, size: int = 28):
     from bigbatch.build import model_for
     from bigbatch.config import resolve_config
 
-    cfg = resolve_config()  # the default recipe: model, micro-batch, label smoothing
+    cfg = resolve_config(overrides=overrides)  # the default recipe's model, micro-batch, smoothing
     torch.set_num_threads(threads)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = model_for(cfg, num_classes=10, in_channels=1).to(memory_format=fmt)
@@ -82,11 +84,13 @@ def main() -> int:
     parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels_last")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--size", type=int, default=28, help="input height and width")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override, e.g. model.options.width=20")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-save", action="store_true")
     options = parser.parse_args()
     one_pass, settings = build(options.threads, not options.contiguous, options.precision,
-                              options.size)
+                              options.size, options.set)
     for _ in range(3):
         one_pass()  # warm-up: oneDNN primitives and the allocator's pools
     seconds = []

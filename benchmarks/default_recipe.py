@@ -6,9 +6,12 @@ seed and the run folder, one seed after another, timed around the whole command.
 
 One line per finished seed is appended to docs/results/default_recipe/seeds.jsonl (the seed, test
 top-1, wall time of the command, peak memory, steps, the machine and its load before and after).
-A seed whose line is already there for the same commit is not run again, so rerunning the
-command continues where it stopped. The summary line printed at the end gives the median and
-range over the seeds recorded for this commit.
+Peak memory is given three ways: rank 0's peak resident set (summary.json), and the peaks of
+the sums over the command and every process it starts (the ranks of ``local_processes``) of
+their proportional and of their resident set sizes, sampled every half second.
+A seed whose line is already there for the same commit and the same kind of CPU (native bf16 or
+not) is not run again, so rerunning the command continues where it stopped. The summary line
+printed at the end gives the median and range over the seeds recorded for this commit and kind.
 """
 
 from __future__ import annotations
@@ -22,30 +25,51 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, RESULTS_DIR, git_commit, load_average, machine_info
+from common import (
+    REPO,
+    RESULTS_DIR,
+    cpu_flags,
+    cpu_has_native_bf16,
+    git_commit,
+    load_average,
+    machine_info,
+    process_tree_memory_mib,
+)
 
 RECORD = RESULTS_DIR / "default_recipe" / "seeds.jsonl"
 
 
-def recorded(commit: str | None) -> dict[int, dict]:
+def recorded(commit: str | None, native_bf16: bool) -> dict[int, dict]:
+    """The seeds already recorded for ``commit`` on a CPU with (or without) native bf16."""
     if not RECORD.exists():
         return {}
     lines = [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
-    return {line["seed"]: line for line in lines if line["machine"]["commit"] == commit}
+    return {line["seed"]: line for line in lines if line["machine"]["commit"] == commit
+            and line["machine"]["cpu_native_bf16"] == native_bf16}
 
 
 def run_seed(seed: int, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # an interrupted seed starts over, timed whole
     load_before = load_average()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bigbatch", "train", "--seed", str(seed),
-                    "--out", str(out)], cwd=REPO, check=True)
+    command = subprocess.Popen([sys.executable, "-m", "bigbatch", "train", "--seed", str(seed),
+                                "--out", str(out)], cwd=REPO)
+    peak = {"pss": 0.0, "rss": 0.0}  # of the command and the processes it starts
+    while command.poll() is None:
+        now = process_tree_memory_mib(command.pid)
+        peak = {key: max(peak[key], now[key]) for key in peak}
+        time.sleep(0.5)
     wall = time.perf_counter() - start
+    if command.returncode:
+        raise SystemExit(f"seed {seed}: bigbatch train exited {command.returncode}")
     summary = json.loads((out / "summary.json").read_text())
     return {"benchmark": "default_recipe", "seed": seed, "top1": summary["top1"],
             "trained_top1": summary.get("trained_top1"),
             "wall_seconds": round(wall, 1), "train_wall_seconds": summary["wall_seconds"],
-            "peak_memory_mib": summary.get("peak_memory_mib"), "steps": summary["steps"],
+            "peak_memory_mib": summary.get("peak_memory_mib"),
+            "peak_pss_mib_all_processes": round(peak["pss"], 1),
+            "peak_rss_mib_all_processes": round(peak["rss"], 1),
+            "world_size": summary["world_size"], "steps": summary["steps"],
             "global_batch": summary["global_batch"], "model": summary["model"],
             "load_before": load_before, "machine": machine_info()}
 
@@ -56,7 +80,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "runs" / "default_recipe"))
     args = parser.parse_args()
     commit = git_commit()
-    done = recorded(commit)
+    done = recorded(commit, cpu_has_native_bf16(cpu_flags()))
     for seed in (int(s) for s in args.seeds.split(",")):
         if seed in done:
             continue
@@ -67,7 +91,8 @@ def main() -> None:
         done[seed] = record
     tops = [r["top1"] for r in done.values()]
     walls = [r["wall_seconds"] for r in done.values()]
-    print(json.dumps({"commit": commit, "seeds": sorted(done),
+    print(json.dumps({"commit": commit, "cpu_native_bf16": cpu_has_native_bf16(cpu_flags()),
+                      "seeds": sorted(done),
                       "top1_median": statistics.median(tops), "top1_range": [min(tops), max(tops)],
                       "wall_median_s": statistics.median(walls),
                       "wall_range_s": [min(walls), max(walls)]}))

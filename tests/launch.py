@@ -49,11 +49,14 @@ TINY = [
     "precision=fp32",
     # The settings these runs were calibrated with, whatever the default recipe says: BN and
     # bias tensors outside LARS (the note above) and training augmentation on (so the engine's
-    # runs exercise it).
+    # runs exercise it), and one process where no launcher starts more (not the recipe's
+    # local_processes=auto).
     "--set",
     "optim.exclude_bn_and_bias=true",
     "--set",
     "data.augment=true",
+    "--set",
+    "local_processes=1",
 ]
 
 
@@ -97,8 +100,11 @@ def run_bigbatch(
 
     Ranks run under torchrun, or with ``agent=False`` as ``nproc`` processes given the variables
     torchrun gives its workers, without its agent process (one `import torch` fewer; for runs
-    where neither restarts nor the agent's rendezvous are under test).
+    where neither restarts nor the agent's rendezvous are under test). A one-process `train`
+    gets ``--set local_processes=1`` first (a test's own setting, later, wins).
     """
+    if nproc == 1 and args[:1] == ["train"]:  # one process means one: the default recipe's
+        args = ["train", "--set", "local_processes=1", *args[1:]]  # auto would start more
     if nproc == 1 and max_restarts == 0:
         command = [sys.executable, "-m", "bigbatch", *args]
     elif not agent and max_restarts == 0:

@@ -123,6 +123,9 @@ class RunConfig:
     channels_last: bool = False
     compile: bool = False
     threads: int | None = None  # intra-op CPU threads; None: PyTorch's default (all cores)
+    # Ranks `bigbatch train` starts on this machine when no launcher did: N, or "auto" (one per
+    # core on a CPU-only machine; bigbatch.local_launch)
+    local_processes: str = "1"
     sync_bn: bool = False
     # Sums whose order depends on the layout in fixed point: bit-identical runs at any world size
     exact_reduction: bool = False
@@ -327,6 +330,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.threads is not None:
         _check_positive("threads", cfg.threads)
+    _check_local_processes(cfg)
     if cfg.eval.bn_recompute and cfg.sync_bn:
         raise ConfigError("eval.bn_recompute runs micro-batches on each process alone; it "
                           "cannot be combined with sync_bn=true")
@@ -351,6 +355,16 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
     _check_choices(cfg)
     return cfg
+
+
+def _check_local_processes(cfg: RunConfig) -> None:
+    """'auto' or a number of ranks that divides the micro-batches of a global step."""
+    value = cfg.local_processes
+    if value == "auto":
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"'local_processes' must be 'auto' or a positive number, got {value!r}")
+    BatchGeometry(cfg.global_batch, cfg.micro_batch, int(value))  # raises if it does not divide
 
 
 def _check_choices(cfg: RunConfig) -> None:

@@ -30,6 +30,7 @@ COMMANDS = (train, catalog, data, sweep, plot, inspect, plan, bench)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for ranks started by train
     setup_logging(args.verbose)
     if not hasattr(args, "handler"):
         parser.print_help()

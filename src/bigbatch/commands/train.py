@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED
+from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
+
+if TYPE_CHECKING:
+    from bigbatch.config import RunConfig
 
 # Command-line flags that map straight onto config keys.
 TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
@@ -108,6 +111,25 @@ def run_train(args: argparse.Namespace) -> int:
 
     catch_early()  # a preemption signal before or after the training loop must not kill the run
     cfg = resolve_config(args.recipe, args.config, args.overrides, values_from_flags(args))
+    from bigbatch.local_launch import finish_local_ranks, local_processes, start_local_ranks
+
+    processes = local_processes(cfg)
+    if processes == 1:
+        return train_here(cfg)
+    ranks = start_local_ranks(args.argv, processes)
+    try:
+        code = train_here(cfg)
+    except (UserError, KeyboardInterrupt):  # one line, or "interrupted", once the ranks ended
+        finish_local_ranks(ranks, EXIT_USER_ERROR)
+        raise
+    except Exception:  # this rank failed; the job's exit code may be the rank that caused it
+        logging.getLogger("bigbatch").exception("rank 0 failed")
+        code = 1
+    return finish_local_ranks(ranks, code)
+
+
+def train_here(cfg: RunConfig) -> int:
+    """Train as this process's rank; the exit code."""
     from bigbatch.distributed import init_distributed, shutdown  # torch: once the config is valid
     from bigbatch.train import NonFiniteLoss, Preempted, train
 
