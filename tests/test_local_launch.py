@@ -127,3 +127,12 @@ def test_a_crashed_rank_fails_the_command_with_its_code_and_leaves_no_process_be
     assert result.returncode == CRASH_EXIT_CODE  # rank 1's, not rank 0's error that followed
     assert time.monotonic() - started < 60  # not the process group's 30-minute timeout
     assert processes_writing_to(out) == []
+
+
+def test_the_flag_sets_the_key():
+    from bigbatch.commands import build_parser
+    from bigbatch.commands.train import values_from_flags
+
+    args = build_parser().parse_args(["train", "--local-processes", "2"])
+    assert resolve_config(values=values_from_flags(args)).local_processes == "2"
+    assert resolve_config().local_processes == "auto"  # the default recipe's

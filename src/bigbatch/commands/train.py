@@ -43,6 +43,9 @@ TRAIN_FLAGS: dict[str, tuple[str, type, str]] = {
     ),
     "checkpoint_every": ("checkpoint.every_steps", int, "also checkpoint every N global steps"),
     "backend": ("backend", str, "auto (NCCL on GPUs, else gloo), gloo or nccl"),
+    "local_processes": ("local_processes", str, "training processes this command starts on "
+                        "this machine: N, or auto (one per core where no GPU is visible); "
+                        "ignored under torchrun and SLURM"),
 }
 
 
