@@ -3,8 +3,9 @@
 On a CPU, one training process spreading each operator over all cores leaves them idle in the
 many small operators of a small model (BatchNorm, ReLU, convolutions on 4x4-14x14 maps). W
 processes of cores / W intra-op threads each, one data-parallel rank each, keep them busier: on a
-2-core AMD EPYC, two one-thread ranks trained the default recipe 1.27x faster than one process
-with two threads (docs/results/default_recipe). The global batch, the micro-batch and the seed
+2-core AMD EPYC (Zen 4), two one-thread ranks trained the default recipe at 1.32x the images a
+second of one process with two threads in bf16, and 1.12x in fp32 with the kernels held to AVX2
+(docs/results/local_processes.jsonl). The global batch, the micro-batch and the seed
 define the run whatever W is (bigbatch.geometry), so this changes the speed, not the recipe.
 
 ``local_processes: N`` starts N ranks here with the variables torchrun gives its workers (RANK,
