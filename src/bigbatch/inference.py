@@ -15,7 +15,7 @@ from bigbatch.distributed import DistContext
 from bigbatch.errors import CheckpointError, ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.precise_bn import PreciseBN
-from bigbatch.train.trainer import intra_op_threads
+from bigbatch.threads import intra_op_threads
 
 
 def load_weights_file(path: str) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog, RecordSinks
 from bigbatch.precise_bn import PreciseBN, check_count, load_statistics
 from bigbatch.testing.faults import fault_hook
+from bigbatch.threads import intra_op_threads
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
 from bigbatch.train.progress import progress_for
@@ -361,23 +362,6 @@ def wrap_ddp(model: nn.Module, ctx: DistContext, hook_state: Any, hook: Any) -> 
         )
     network.register_comm_hook(hook_state, hook)
     return network
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None):
-    """Run with ``threads`` intra-op CPU threads (None: leave PyTorch's setting), then restore.
-
-    On a CPU shared with other work, fewer threads than cores can be several times faster:
-    OpenMP threads spin while waiting for each other, and a descheduled one stalls the rest
-    (docs/PERFORMANCE.md).
-    """
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def report_skipped(paths: list[str], ctx: DistContext) -> int:
