@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from bigbatch.local_launch import rank_env
+
 # A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64,
 # evaluated on the first VAL_EXAMPLES test images (the whole test set costs a quarter of a run).
 # LR 0.5: runs on different process layouts differ only in the order in which micro-batch
@@ -121,14 +123,6 @@ def run_bigbatch(
     return result
 
 
-def torchrun_worker_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The rank and rendezvous variables torchrun --standalone gives worker ``rank`` on one node
-    (not TORCHELASTIC_USE_AGENT_STORE: with no agent, rank 0 hosts the store, env:// style)."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-
 # After one rank fails, how long the others may take to notice (gloo: about 30 s) before they
 # are killed, as torchrun's agent would kill them.
 FAILED_RANK_GRACE_SECONDS = 60
@@ -136,7 +130,9 @@ FAILED_RANK_GRACE_SECONDS = 60
 
 def run_ranks_without_agent(args: list[str], nproc: int, env: dict[str, str] | None,
                             timeout: float, check: bool) -> subprocess.CompletedProcess:
-    """``nproc`` bigbatch processes with torchrun's worker variables; the result's exit code is
+    """``nproc`` bigbatch processes with the variables torchrun --standalone gives its workers
+    (rank_env, as `bigbatch train --local-processes` gives them; not
+    TORCHELASTIC_USE_AGENT_STORE: with no agent, rank 0 hosts the store); the result's exit code is
     the first non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order.
     Every rank is killed at ``timeout``, and the others a grace period after one fails."""
     port = free_port()
@@ -149,7 +145,7 @@ def run_ranks_without_agent(args: list[str], nproc: int, env: dict[str, str] | N
             with out.open("w") as stdout, err.open("w") as stderr:  # the child keeps its copies
                 processes.append(subprocess.Popen(
                     command, stdout=stdout, stderr=stderr,
-                    env=process_env({**(env or {}), **torchrun_worker_env(rank, nproc, port)})))
+                    env=process_env({**(env or {}), **rank_env(rank, nproc, port)})))
         wait_for_ranks(processes, timeout)
         outputs = [(out.read_text(), err.read_text()) for out, err in logs]
     codes = [process.returncode for process in processes]
