@@ -2,12 +2,15 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Installed: bigbatch and PyTorch, what `make train` needs; then the tests' and linter's tools.
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup data train test test-slurm test-fast bench lint clean
+.PHONY: setup setup-dev data train test test-slurm test-fast bench lint clean
 
 setup: $(STAMP)
+setup-dev: $(DEV_STAMP)
 
 # setup.py and the C sources: the LARS and LAMB kernels are rebuilt by the editable install.
 KERNELS := $(addprefix src/bigbatch/optim/,_lars_kernel.c _lamb_kernel.c _chunked_sums.h)
@@ -15,8 +18,12 @@ $(STAMP): pyproject.toml setup.py $(KERNELS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
 
 # Debian ships Fashion-MNIST; elsewhere `bigbatch` downloads it (checksums verified).
 data:
@@ -37,16 +44,16 @@ train: setup data
 # multi-process tests.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
-test: setup data
+test: setup-dev data
 	BIGBATCH_REQUIRE_DATA=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slurm"
 
-test-slurm: setup data
+test-slurm: setup-dev data
 	BIGBATCH_REQUIRE_DATA=1 $(BIN)/python -m pytest -q -m slurm
 
-test-fast: setup
+test-fast: setup-dev
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
