@@ -192,6 +192,14 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> di
 # ----------------------------------------------------------------------------- records
 
 
+def report(name: str, record: Mapping[str, Any], save: bool, indent: int | None = None) -> None:
+    """Print ``record`` as JSON (flushed, so a long benchmark shows each record as it comes) and,
+    with ``save``, append it to docs/results/<name>.jsonl."""
+    print(json.dumps(record, indent=indent), flush=True)
+    if save:
+        append_result(name, record)
+
+
 def append_result(name: str, record: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
     """Append ``record`` as one JSON line to results_dir/<name>.jsonl; returns the path."""
     results_dir.mkdir(parents=True, exist_ok=True)

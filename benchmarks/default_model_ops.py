@@ -15,10 +15,9 @@ micro-batch is measured apart, without the profiler, as the median of --repeats 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from common import append_result, machine_info, median
+from common import machine_info, median, report
 
 # Operator name -> group; anything else is "other".
 GROUPS = {
@@ -107,9 +106,7 @@ def main() -> int:
         "operator_share": operator_shares(one_pass, passes=5),
         "machine": machine_info(),
     }
-    print(json.dumps(record, indent=1))
-    if not options.no_save:
-        append_result("default_model_ops", record)
+    report("default_model_ops", record, save=not options.no_save, indent=1)
     return 0
 
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, append_result, interleaved_rounds, machine_info, median, paired_ratio
+from common import REPO, interleaved_rounds, machine_info, median, paired_ratio, report
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
@@ -71,9 +71,7 @@ def main() -> int:
         "wall_ratio_one_over_auto": paired_ratio(wall["1"], wall["auto"]),
         "machine": machine_info(),
     }
-    print(json.dumps(record, indent=1))
-    if not options.no_save:
-        append_result("local_processes", record)
+    report("local_processes", record, save=not options.no_save, indent=1)
     return 0
 
 

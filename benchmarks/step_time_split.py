@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import append_result, load_average, machine_info, median
+from common import load_average, machine_info, median, report
 
 WORKLOADS = {
     "fashion-mnist default recipe (B=2048, b=256)": [
@@ -64,9 +64,7 @@ def main() -> int:
                 results.append({"workload": name, "processes": processes, **split})
     record = {"benchmark": "step_time_split", "results": results, "load_before": load_before,
               "load_after": load_average(), "machine": machine_info()}
-    print(json.dumps(record, indent=2))
-    if not options.no_save:
-        append_result("step_time_split", record)
+    report("step_time_split", record, save=not options.no_save, indent=2)
     return 0
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_result, load_average, machine_info, median, rotated  # noqa: E402
+from common import load_average, machine_info, median, report, rotated  # noqa: E402
 
 RESULT_NAME = "time_to_accuracy"
 POLL_SECONDS = 0.2
@@ -211,9 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine_info(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
-    print(json.dumps(record), flush=True)
-    if not args.no_save:
-        append_result(RESULT_NAME, record)
+    report(RESULT_NAME, record, save=not args.no_save)
     return record
 
 

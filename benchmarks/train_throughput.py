@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import re
@@ -66,13 +65,13 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    append_result,
     git_commit,
     interleaved_rounds,
     load_average,
     machine_info,
     median,
     paired_ratio,
+    report,
 )
 
 from bigbatch.build import (  # noqa: E402
@@ -632,9 +631,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                           "rounds": args.rounds, **result, "load_before": load_before,
                           "load_after": load_average(), "commit_at_start": commit_at_start,
                           "machine": machine_info()}
-                print(json.dumps(record), flush=True)
-                if not args.no_save:
-                    append_result(RESULT_NAME, record)
+                report(RESULT_NAME, record, save=not args.no_save)
                 records.append(record)
     return records
 
