@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from bigbatch.local_launch import rank_env
+from bigbatch.local_launch import free_port, rank_env
 
 # A tiny but real run: 1024 Fashion-MNIST images, global batch 256 in micro-batches of 64,
 # evaluated on the first VAL_EXAMPLES test images (the whole test set costs a quarter of a run).
@@ -68,12 +67,6 @@ def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.pop("BIGBATCH_FAULT", None)
     env.update(extra or {})
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun_prefix(nproc: int, max_restarts: int = 0) -> list[str]:

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bigbatch.local_launch import free_port
+
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 PROGRAMS = ["slurmctld", "slurmd", "srun", "sbatch", "scontrol", "munged", "munge"]
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -84,12 +86,6 @@ class Cluster:
             text = path.read_text(errors="replace").splitlines() if path.exists() else []
             tails.append(f"--- {name}\n" + "\n".join(text[-lines:]))
         return "\n".join(tails)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def install_packages() -> None:

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from bigbatch.commands.bench import add_commands, run_allreduce_bench
 from bigbatch.errors import ConfigError
+from bigbatch.local_launch import free_port
 from bigbatch.tools.allreduce_bench import (
     fit_latency_bandwidth,
     fit_record,
@@ -117,12 +117,6 @@ def test_bench_needs_two_processes(monkeypatch):
 def test_bad_bench_options_are_config_errors(argv, message):
     with pytest.raises(ConfigError, match=message):
         run_allreduce_bench(parse_bench(argv))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
