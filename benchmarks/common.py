@@ -82,7 +82,7 @@ def process_tree_memory_mib(pid: int) -> dict[str, float]:
         except (OSError, IndexError, ValueError):
             continue  # not a process, or one that just ended
         children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree, pss, rss = [pid], 0.0, 0.0
+    tree, kib = [pid], {"Pss:": 0.0, "Rss:": 0.0}
     while tree:
         current = tree.pop()
         tree.extend(children.get(current, []))
@@ -91,10 +91,10 @@ def process_tree_memory_mib(pid: int) -> dict[str, float]:
         except OSError:
             continue
         for line in rollup:
-            if line.startswith(("Pss:", "Rss:")):
-                kib = float(line.split()[1])
-                pss, rss = (pss + kib, rss) if line.startswith("Pss:") else (pss, rss + kib)
-    return {"pss": pss / 1024.0, "rss": rss / 1024.0}
+            field, _, value = line.partition(" ")  # "Pss:      1234 kB"
+            if field in kib:
+                kib[field] += float(value.split()[0])
+    return {"pss": kib["Pss:"] / 1024.0, "rss": kib["Rss:"] / 1024.0}
 
 
 def git_commit(repo: Path = REPO) -> str | None:

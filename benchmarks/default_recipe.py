@@ -80,7 +80,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "runs" / "default_recipe"))
     args = parser.parse_args()
     commit = git_commit()
-    done = recorded(commit, cpu_has_native_bf16(cpu_flags()))
+    native_bf16 = cpu_has_native_bf16(cpu_flags())
+    done = recorded(commit, native_bf16)
     for seed in (int(s) for s in args.seeds.split(",")):
         if seed in done:
             continue
@@ -91,7 +92,7 @@ def main() -> None:
         done[seed] = record
     tops = [r["top1"] for r in done.values()]
     walls = [r["wall_seconds"] for r in done.values()]
-    print(json.dumps({"commit": commit, "cpu_native_bf16": cpu_has_native_bf16(cpu_flags()),
+    print(json.dumps({"commit": commit, "cpu_native_bf16": native_bf16,
                       "seeds": sorted(done),
                       "top1_median": statistics.median(tops), "top1_range": [min(tops), max(tops)],
                       "wall_median_s": statistics.median(walls),

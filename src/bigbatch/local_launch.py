@@ -36,7 +36,6 @@ import time
 
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import available_cores
-from bigbatch.distributed import launch_env
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ def local_processes(cfg: RunConfig, environ: dict[str, str] | None = None) -> in
     """How many ranks this command should start here: 1 when a launcher started it or the
     setting asks for one, else ``local_processes`` (``auto``: the cores, see the module)."""
     env = os.environ if environ is None else environ
-    if launch_env(env).launcher != "none" or "RANK" in env or "SLURM_PROCID" in env:
+    if "RANK" in env or "SLURM_PROCID" in env:  # started by torchrun (or as a rank), or by SLURM
         return 1
     if cfg.local_processes != "auto":
         return int(cfg.local_processes)

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_USER_ERROR, UserError
+from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED, UserError
 
 if TYPE_CHECKING:
     from bigbatch.config import RunConfig
@@ -123,7 +123,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         code = train_here(cfg)
     except (UserError, KeyboardInterrupt):  # one line, or "interrupted", once the ranks ended
-        finish_local_ranks(ranks, EXIT_USER_ERROR)
+        finish_local_ranks(ranks, code=1)  # the exit code is the exception's, not this one
         raise
     except Exception:  # this rank failed; the job's exit code may be the rank that caused it
         logging.getLogger("bigbatch").exception("rank 0 failed")
