@@ -101,7 +101,7 @@ def run_bigbatch(
     if nproc == 1 and args[:1] == ["train"]:  # one process means one: the default recipe's
         args = ["train", "--set", "local_processes=1", *args[1:]]  # auto would start more
     if nproc == 1 and max_restarts == 0:
-        command = [sys.executable, "-m", "bigbatch", *args]
+        command = bigbatch_command(args)
     elif not agent and max_restarts == 0:
         return run_ranks_without_agent(args, nproc, env, timeout, check)
     else:
@@ -121,49 +121,64 @@ def run_bigbatch(
 FAILED_RANK_GRACE_SECONDS = 60
 
 
+def bigbatch_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "bigbatch", *args]
+
+
 def run_ranks_without_agent(args: list[str], nproc: int, env: dict[str, str] | None,
                             timeout: float, check: bool) -> subprocess.CompletedProcess:
-    """``nproc`` bigbatch processes with the variables torchrun --standalone gives its workers
-    (rank_env, as `bigbatch train --local-processes` gives them; not
-    TORCHELASTIC_USE_AGENT_STORE: with no agent, rank 0 hosts the store); the result's exit code is
-    the first non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order.
-    Every rank is killed at ``timeout``, and the others a grace period after one fails."""
-    port = free_port()
-    command = [sys.executable, "-m", "bigbatch", *args]
-    with tempfile.TemporaryDirectory() as scratch:
-        logs = [(Path(scratch) / f"{rank}.out", Path(scratch) / f"{rank}.err")
-                for rank in range(nproc)]
-        processes = []
-        for rank, (out, err) in enumerate(logs):
-            with out.open("w") as stdout, err.open("w") as stderr:  # the child keeps its copies
-                processes.append(subprocess.Popen(
-                    command, stdout=stdout, stderr=stderr,
-                    env=process_env({**(env or {}), **rank_env(rank, nproc, port)})))
-        wait_for_ranks(processes, timeout)
-        outputs = [(out.read_text(), err.read_text()) for out, err in logs]
-    codes = [process.returncode for process in processes]
+    """``nproc`` ranks of `bigbatch ARGS` (start_ranks); the result's exit code is the first
+    non-zero one (else 0), its stdout rank 0's, its stderr every rank's in order."""
+    command = bigbatch_command(args)
+    results = finish_ranks(start_ranks([command] * nproc, env), timeout)
+    codes = [code for code, _, _ in results]
     code = next((c for c in codes if c != 0), 0)
-    stderr = "".join(err for _, err in outputs)
+    stderr = "".join(err for _, _, err in results)
     if check and code != 0:
         raise AssertionError(f"{nproc} ranks of {' '.join(command)} exited {codes}:\n"
                              + stderr[-4000:])
-    return subprocess.CompletedProcess(command, code, outputs[0][0], stderr)
+    return subprocess.CompletedProcess(command, code, results[0][1], stderr)
 
 
-def wait_for_ranks(processes: list[subprocess.Popen], timeout: float) -> None:
-    """Wait until every process has exited; kill those left at ``timeout``, or
-    FAILED_RANK_GRACE_SECONDS after the first non-zero exit."""
+class Rank(subprocess.Popen):
+    """One rank's process, its stdout and stderr going to files (a pipe nobody reads while
+    another rank is waited for could fill and stall both ranks)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.logs = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+        super().__init__(command, stdout=self.logs[0], stderr=self.logs[1], env=env)
+
+    def output(self) -> tuple[str, str]:
+        texts = []
+        for log in self.logs:
+            log.seek(0)
+            texts.append(log.read())
+            log.close()
+        return texts[0], texts[1]
+
+
+def start_ranks(commands: list[list[str]], env: dict[str, str] | None = None) -> list[Rank]:
+    """One process per command, rank i running commands[i], with the variables torchrun
+    --standalone gives its workers (rank_env, as `bigbatch train --local-processes` gives them;
+    not TORCHELASTIC_USE_AGENT_STORE: with no agent, rank 0 hosts the store)."""
+    port = free_port()
+    return [Rank(command, process_env({**(env or {}), **rank_env(rank, len(commands), port)}))
+            for rank, command in enumerate(commands)]
+
+
+def finish_ranks(ranks: list[Rank], timeout: float = 300) -> list[tuple[int, str, str]]:
+    """(exit code, stdout, stderr) of each rank, in rank order, once all have exited. Every
+    rank is killed at ``timeout``, and the others FAILED_RANK_GRACE_SECONDS after one fails."""
     deadline = time.monotonic() + timeout
-    while any(process.poll() is None for process in processes):
-        if any(process.returncode not in (None, 0) for process in processes):
+    while any(rank.poll() is None for rank in ranks):
+        if any(rank.returncode not in (None, 0) for rank in ranks):
             deadline = min(deadline, time.monotonic() + FAILED_RANK_GRACE_SECONDS)
         if time.monotonic() > deadline:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
+            for rank in ranks:
+                if rank.poll() is None:
+                    rank.kill()
         time.sleep(0.1)
-    for process in processes:
-        process.wait()
+    return [(rank.wait(), *rank.output()) for rank in ranks]
 
 
 def final_state(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -190,39 +205,3 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
         scale = b[key].abs().max().item() + 1e-12
         worst = max(worst, (tensor - b[key]).abs().max().item() / scale)
     return worst
-
-
-def slurm_task_env(task: int, tasks: int, port: int) -> dict[str, str]:
-    """The variables `srun --ntasks N` gives task ``task`` on one node (no torchrun)."""
-    return {
-        "SLURM_PROCID": str(task),
-        "SLURM_NTASKS": str(tasks),
-        "SLURM_LOCALID": str(task),
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NODELIST": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-
-
-def start_ranks(per_rank_args: list[list[str]], env: dict[str, str] | None = None):
-    """Start one `bigbatch` process per rank, each with its own arguments; return the Popens."""
-    port = free_port()
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "bigbatch", *args],
-            env=process_env({**(env or {}), **slurm_task_env(rank, len(per_rank_args), port)}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, args in enumerate(per_rank_args)
-    ]
-
-
-def finish_ranks(processes, timeout: float = 300) -> list[tuple[int, str]]:
-    """Wait for every rank; (exit code, stderr) of each, in rank order."""
-    results = []
-    for process in processes:
-        _, stderr = process.communicate(timeout=timeout)
-        results.append((process.returncode, stderr))
-    return results

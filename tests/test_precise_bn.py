@@ -5,13 +5,12 @@ untouched, final.pt carrying what was evaluated, bad N refused in one line."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launch import free_port, process_env, slurm_task_env
+from launch import finish_ranks, start_ranks
 from scripts.precise_bn_ranks import COUNT, MICRO, dataset, recomputed, tiny_model
 from torch import nn
 
@@ -95,16 +94,11 @@ def test_statistics_are_the_average_of_the_micro_batch_statistics():
 @pytest.mark.slow
 def test_two_processes_give_the_bits_of_one(tmp_path):
     out = tmp_path / "statistics.pt"
-    port = free_port()
-    ranks = [subprocess.Popen([sys.executable, str(SCRIPT), str(out)],
-                              env=process_env(slurm_task_env(rank, 2, port)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
+    ranks = start_ranks([[sys.executable, str(SCRIPT), str(out)]] * 2)
     with one_thread():
         expected = recomputed(CPU)
-    for rank in ranks:
-        _, stderr = rank.communicate(timeout=120)
-        assert rank.returncode == 0, stderr[-3000:]
+    for code, _, stderr in finish_ranks(ranks, timeout=120):
+        assert code == 0, stderr[-3000:]
     two = torch.load(out, weights_only=True)
     assert two.keys() == expected.keys()
     for key, value in expected.items():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from launch import (
     TINY,
+    bigbatch_command,
     final_state,
     finish_ranks,
     max_relative_difference,
@@ -244,7 +245,7 @@ def test_preemption_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     step, the checkpoint of that step is written and both exit 75."""
     out = tmp_path / "run"
     long_run = ["train", *TINY, "--epochs", "40", "--out", str(out), "--resume", "auto"]
-    ranks = start_ranks([long_run, long_run])
+    ranks = start_ranks([bigbatch_command(long_run)] * 2)
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and (
@@ -252,7 +253,7 @@ def test_preemption_signal_to_one_rank_stops_both_after_the_same_step(tmp_path):
     ):
         time.sleep(0.2)
     ranks[1].send_signal(signal.SIGUSR1)
-    (code0, stderr0), (code1, stderr1) = finish_ranks(ranks, timeout=180)
+    (code0, _, stderr0), (code1, _, stderr1) = finish_ranks(ranks, timeout=180)
     assert (code0, code1) == (75, 75), stderr0[-1500:] + stderr1[-1500:]
     step = checkpoint.load(checkpoint.list_checkpoints(out / "checkpoints")[-1])["step"]
     assert 3 <= step < 160
@@ -270,10 +271,11 @@ def test_ranks_resume_from_the_checkpoint_rank_0_chose(crashed_at_step_7, uninte
         shutil.copytree(crashed_at_step_7, view)
     shutil.copy(uninterrupted / "checkpoints" / checkpoint.checkpoint_name(8),
                 views[1] / "checkpoints")
-    ranks = start_ranks([["train", *RESUMABLE, "--out", str(view)] for view in views])
+    ranks = start_ranks([bigbatch_command(["train", *RESUMABLE, "--out", str(view)])
+                         for view in views])
     results = finish_ranks(ranks, timeout=300)
-    assert [code for code, _ in results] == [0, 0], results[0][1][-1500:] + results[1][1][-1500:]
-    assert resumed_at(6) in results[0][1]
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-1500:] + results[1][2][-1500:]
+    assert resumed_at(6) in results[0][2]
     assert summary(views[0])["world_size"] == 2
     assert max_relative_difference(final_state(views[0]), final_state(uninterrupted)) < 1e-5
 
@@ -285,8 +287,9 @@ def test_a_rank_without_rank_0s_checkpoint_stops_every_rank(crashed_at_step_7, t
     for view in views:
         shutil.copytree(crashed_at_step_7, view)
     (views[1] / "checkpoints" / checkpoint.checkpoint_name(6)).unlink()
-    ranks = start_ranks([["train", *RESUMABLE, "--out", str(view)] for view in views])
-    for code, stderr in finish_ranks(ranks, timeout=180):
+    ranks = start_ranks([bigbatch_command(["train", *RESUMABLE, "--out", str(view)])
+                         for view in views])
+    for code, _, stderr in finish_ranks(ranks, timeout=180):
         assert code == 2, stderr[-1500:]
         last = stderr.strip().splitlines()[-1]
         assert last.startswith("bigbatch: error: rank 1 cannot resume from "
