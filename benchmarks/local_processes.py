@@ -24,9 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, interleaved_rounds, machine_info, median, paired_ratio, report
-
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+from common import AVX2_ONLY, REPO, interleaved_rounds, machine_info, median, paired_ratio, report
 
 
 def timed_run(setting: str, options: argparse.Namespace, scratch: Path) -> dict[str, float]:
