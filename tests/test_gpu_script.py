@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bigbatch.config import load_recipe
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.sh"
 
 pytestmark = [pytest.mark.slow, pytest.mark.fashion_mnist]
@@ -26,7 +28,9 @@ def test_gpu_script_dry_run_records_both_runs(tmp_path):
     run = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "1 epochs (0.15 warm-up)" in run.stdout
+    recipe = load_recipe("fashion-mnist")
+    warmup = round(recipe["schedule"]["warmup_epochs"] / recipe["epochs"], 4)
+    assert f"1 epochs ({warmup} warm-up)" in run.stdout
     record = json.loads((tmp_path / "dry-run.jsonl").read_text().splitlines()[-1])
     assert record["gpu"] == "none (CPU dry run)" and record["gpus"] == 2
     runs = {r["run"]: r for r in record["runs"]}

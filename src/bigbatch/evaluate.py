@@ -51,9 +51,9 @@ def evaluate(
                 logits = (logits.float() + model(images.flip(-1)).float()) / 2
         top1, top5 = topk_correct(logits.float(), labels)
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        totals += torch.stack(
-            [top1, top5, loss, torch.tensor(len(labels)), torch.tensor(len(batch.skipped))]
-        ).to(totals)
+        counts = torch.tensor([len(labels), len(batch.skipped)], dtype=totals.dtype,
+                              device=totals.device)
+        totals += torch.cat([torch.stack([top1, top5, loss]).to(totals), counts])
     all_reduce_sum(totals, ctx)
     model.train(was_training)
     top1, top5, loss, count, skipped = totals.tolist()
