@@ -23,11 +23,17 @@ TABLES = {
     "batch": (["batch_scaling_20ep/sweep.csv"], {0, 1}),  # batch size and step count: the grid
     "seeds at batch": (["batch_scaling_20ep/sweep.md"], {0}),
     "measurement": (["lars_step.jsonl", "lars_step_summary.json", "train_throughput.jsonl",
-                     "input_pipeline.jsonl", "time_to_accuracy.jsonl"], {0, 2}),
+                     "input_pipeline.jsonl", "time_to_accuracy.jsonl", "gpu/summary.json"],
+                    {0, 2}),
     "check": (["scaling_planner.json", "scaling_planner.md", "allreduce_loopback_p2.json",
                "allreduce_loopback_p4.json"], {0}),
 }
-NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+# A number, with or without thousands separators ("3,546"; "1, 2" is two numbers).
+NUMBER = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def parse_number(text: str) -> float:
+    return float(text.replace(",", ""))
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
@@ -50,7 +56,7 @@ def record_numbers(paths: list[str]) -> list[float]:
         path = RESULTS / name
         text = path.read_text()
         if path.suffix == ".md":  # a table the planner script printed
-            numbers += [float(match) for match in NUMBER.findall(text)]
+            numbers += [parse_number(match) for match in NUMBER.findall(text)]
             continue
         if path.suffix == ".csv":
             for row in csv.reader(text.splitlines()):
@@ -75,7 +81,7 @@ def _walk(value):
         for item in value:
             yield from _walk(item)
     elif isinstance(value, str):  # numbers inside a recorded table or message
-        yield from (float(match) for match in NUMBER.findall(value))
+        yield from (parse_number(match) for match in NUMBER.findall(value))
 
 
 def _is_number(text: str) -> bool:
@@ -95,7 +101,7 @@ def figures(cell: str) -> list[str]:
 
 def found(figure: str, numbers: list[float]) -> bool:
     decimals = len(figure.split(".")[1]) if "." in figure else 0
-    value = float(figure)
+    value = parse_number(figure)
     for number in numbers:
         for candidate in (number, number * 100, number / 60):  # fractions as %, s as min
             if round(candidate, decimals) == value or abs(candidate - value) < 10 ** -decimals / 2:
@@ -123,3 +129,9 @@ def test_every_readme_figure_is_in_its_record(key):
 def test_the_check_catches_a_figure_without_record():
     numbers = record_numbers(["batch_scaling/sweep.csv"])
     assert found("85.97", numbers) and not found("85.98", numbers)
+
+
+def test_thousands_separators_are_one_number():
+    assert figures("3,546 eager (3,346–3,797), 1, 2 and 4") == ["3,546", "3,346", "3,797", "1",
+                                                                 "2", "4"]
+    assert found("3,797", [3797.0]) and not found("3,797", [797.0, 3.0])

@@ -1,0 +1,81 @@
+"""The median and range over several runs of benchmarks/gpu.sh on one kind of GPU.
+
+    python benchmarks/gpu_summary.py "NVIDIA H200"
+
+Reads the ``"suite": "gpu"`` records of docs/results/train_throughput.jsonl made on that GPU (one
+GPU per run, CPU dry runs never land there) and writes, per run name (ResNet-50 eager, compiled,
+the default recipe), the median, range and per-record images/s; the compiled over eager ratio,
+record by record; and each median over the published one-GPU anchors the records carry. The
+result goes to docs/results/gpu/summary.json, one entry per GPU name, replaced when rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from common import RESULTS_DIR
+
+EAGER, COMPILED = "resnet50 bf16 channels_last", "resnet50 bf16 channels_last compile"
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": min(values),
+            "max": max(values), "runs": values}
+
+
+def summarize(records: list[dict]) -> dict:
+    """Images/s and top-1 per run name, compile/eager per record, medians over the anchors."""
+    by_name: dict[str, list[dict]] = {}
+    for record in records:
+        for run in record["runs"]:
+            by_name.setdefault(run["run"], []).append(run)
+    runs = {name: {"images_per_second": spread([r["images_per_second"] for r in found]),
+                   "top1": spread([r["top1"] for r in found])}
+            for name, found in sorted(by_name.items())}
+    pairs = [(_rate(r, COMPILED), _rate(r, EAGER)) for r in records]
+    ratios = [round(c / e, 3) for c, e in pairs if c and e]
+    anchors = records[-1]["anchors_images_per_second_one_gpu"]
+    over_anchors = {name: {anchor: round(stats["images_per_second"]["median"] / value, 3)
+                           for anchor, value in anchors.items()}
+                    for name, stats in runs.items() if name in (EAGER, COMPILED)}
+    return {"runs": runs, "compiled_over_eager": spread(ratios) if ratios else None,
+            "median_over_anchor": over_anchors, "anchors_images_per_second_one_gpu": anchors}
+
+
+def _rate(record: dict, name: str) -> float | None:
+    return next((r["images_per_second"] for r in record["runs"] if r["run"] == name), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("gpu", help="the GPU's name as the records give it, e.g. 'NVIDIA H200'")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    lines = (args.results / "train_throughput.jsonl").read_text().splitlines()
+    records = [r for r in map(json.loads, filter(str.strip, lines))
+               if r.get("suite") == "gpu" and r.get("gpu") == args.gpu and r.get("gpus") == 1]
+    if not records:
+        sys.exit(f"gpu_summary: no one-GPU record of '{args.gpu}' in train_throughput.jsonl")
+    entry = {"gpu": args.gpu, "records": len(records),
+             "dates": [r["date"] for r in records], "commits": [r["commit"] for r in records],
+             "torch": sorted({r["torch"] for r in records}), **summarize(records)}
+    path = args.results / "gpu" / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = json.loads(path.read_text()) if path.is_file() else []
+    entries = [e for e in entries if e["gpu"] != args.gpu] + [entry]
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+    for name, stats in entry["runs"].items():
+        rate = stats["images_per_second"]
+        print(f"{name:38s} {rate['median']:>10,.0f} images/s (range {rate['min']:,.0f}-"
+              f"{rate['max']:,.0f}) over {len(rate['runs'])} runs")
+    print(json.dumps({"compiled_over_eager": entry["compiled_over_eager"],
+                      "median_over_anchor": entry["median_over_anchor"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
