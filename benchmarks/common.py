@@ -183,6 +183,12 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Over several runs: the median (3 decimals), the range and every run's value."""
+    return {"median": round(median(values), 3), "min": min(values), "max": max(values),
+            "runs": list(values)}
+
+
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
     """Ratio of two interleaved series: of their medians, and the median of round-by-round ratios
     (the latter is robust when the machine's speed drifts between rounds)."""

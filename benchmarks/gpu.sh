@@ -78,15 +78,14 @@ EXTRA=()
 for assignment in ${EXTRA_SET:-}; do EXTRA+=(--set "$assignment"); done
 FMNIST_EXTRA=()
 for assignment in ${FMNIST_SET:-}; do FMNIST_EXTRA+=(--set "$assignment"); done
-# The default recipe's epochs and warm-up; a shorter run keeps the warm-up's share.
-read -r RECIPE_EPOCHS RECIPE_WARMUP < <(PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c "
+# The default recipe's epochs (unless FMNIST_EPOCHS says) and its share of warm-up.
+read -r FMNIST_EPOCHS FMNIST_WARMUP < <("$PYTHON" -c "
+import sys
 from bigbatch.config import load_recipe
 recipe = load_recipe('fashion-mnist')
-print(recipe['epochs'], recipe['schedule']['warmup_epochs'])")
-FMNIST_EPOCHS=${FMNIST_EPOCHS:-$RECIPE_EPOCHS}
-FMNIST_WARMUP=$("$PYTHON" -c "
-epochs, recipe_epochs, warmup = float('$FMNIST_EPOCHS'), float('$RECIPE_EPOCHS'), float('$RECIPE_WARMUP')
-print(round(min(warmup, warmup / recipe_epochs * epochs), 4))")
+epochs, warmup = recipe['epochs'], recipe['schedule']['warmup_epochs']
+run = float(sys.argv[1]) if sys.argv[1] else epochs
+print(sys.argv[1] or epochs, round(min(warmup, warmup / epochs * run), 4))" "${FMNIST_EPOCHS:-}")
 
 launch() {  # launch <run dir> <bigbatch train arguments...>
     local dir=$1; shift

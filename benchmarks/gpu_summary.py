@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR
+from common import RESULTS_DIR, spread
 
 EAGER, COMPILED = "resnet50 bf16 channels_last", "resnet50 bf16 channels_last compile"
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": min(values),
-            "max": max(values), "runs": values}
 
 
 def summarize(records: list[dict]) -> dict:

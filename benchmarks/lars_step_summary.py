@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from common import RESULTS_DIR
+from common import RESULTS_DIR, spread
 
 
 def summarize(records: list[dict]) -> dict[str, dict]:
     """Per ratio present in every record: median, min, max and the per-run values."""
     names = set.intersection(*(set(r["ratios"]) for r in records))
-    summary = {}
-    for name in sorted(names):
-        values = [r["ratios"][name]["median_paired"] for r in records]
-        summary[name] = {"median": round(statistics.median(values), 3), "min": min(values),
-                         "max": max(values), "runs": values}
-    return summary
+    return {name: spread([r["ratios"][name]["median_paired"] for r in records])
+            for name in sorted(names)}
 
 
 def main(argv: list[str] | None = None) -> int:
