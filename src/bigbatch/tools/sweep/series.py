@@ -5,6 +5,10 @@ follow across batch sizes:
 
 * ``sgd``: momentum SGD with the linear scaling rule and warmup of Goyal et al., "Accurate,
   Large Minibatch SGD: Training ImageNet in 1 Hour" (2017), Sec. 2.1-2.2.
+* ``nesterov``: SGD with Nesterov momentum, the grid centred on the linear scaling rule; tuned
+  as in Nado et al., "A Large Batch Optimizer Reality Check: Traditional, Generic Optimizers
+  Suffice Across Batch Sizes" (2021), Sec. 3: its LR grid per point and, in a study, its warmup
+  length searched as a second axis (one sweep per warmup).
 * ``lars``: LARS with the recipe's own parameter groups (the project default excludes BN and
   bias tensors), square-root LR scaling.
 * ``lars-paper``: LARS adapting and decaying every tensor, as the authors' Intel Caffe release
@@ -61,6 +65,8 @@ SERIES = {
     series.name: series
     for series in (
         Series("sgd", "sgd", (), LRRule(0.1, 128, "linear"), "SGD, linear scaling + warmup"),
+        Series("nesterov", "sgd", ("optim.nesterov=true",), LRRule(0.1, 128, "linear"),
+               "Nesterov momentum, tuned LR and warmup"),
         Series("lars", "lars", (), LRRule(8.0, 4096, "sqrt"), "LARS, sqrt scaling + warmup"),
         Series("lars-paper", "lars", ("optim.exclude_bn_and_bias=false",),
                LRRule(8.0, 4096, "sqrt"), "LARS on every tensor (authors), sqrt scaling"),
