@@ -537,29 +537,38 @@ def test_channels_last_weights_step_like_contiguous_ones():
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("change", [None, "in_place", "new_storage", "load_state_dict"])
-def test_kept_weight_norms_give_the_bits_of_a_fresh_norm(change, lars_path):
-    """The kernel keeps ‖w‖² from its update for the next step; a weight changed in between
-    (in place, moved to new storage, loaded) is measured again."""
+@pytest.mark.parametrize("change", [None, "p.data", "in_place", "new_storage", "load_state_dict"])
+def test_weights_changed_between_steps_step_as_in_a_fresh_optimizer(change, lars_path):
+    """Every step reads the weights' norms from the weights: one changed in between (through
+    ``p.data``, in place, moved to new storage, loaded) gives the bits of an optimizer built
+    afresh at every step from the same state."""
     kept, fresh = make_params(torch.float32), make_params(torch.float32)
-    opts = [LARS(ps, lr=1.0, trust_coefficient=0.02) for ps in (kept, fresh)]
+    opt = LARS(kept, lr=1.0, trust_coefficient=0.02)
+    fresh_state = LARS(fresh, lr=1.0, trust_coefficient=0.02).state_dict()
     for step in range(4):
         for ps in (kept, fresh):
             for p, g in zip(ps, grads_for(step, torch.float32), strict=True):
                 p.grad = g
             if step == 2 and change is not None:
-                with torch.no_grad():
-                    scaled = {i: p * 1.5 for i, p in enumerate(ps)}
-                    if change == "in_place":
-                        ps[0].mul_(1.5)
-                    elif change == "new_storage":
-                        ps[0].data = scaled[0]
-                    else:
-                        holder = nn.ParameterList(ps)
-                        holder.load_state_dict({str(i): t for i, t in scaled.items()})
-        opts[1]._weight_norms.clear()  # measured afresh at every step
-        for opt in opts:
-            opt.step()
+                change_weights(ps, change)
+        fresh_opt = LARS(fresh, lr=1.0, trust_coefficient=0.02)
+        fresh_opt.load_state_dict(fresh_state)
+        opt.step()
+        fresh_opt.step()
+        fresh_state = fresh_opt.state_dict()
         for p, q in zip(kept, fresh, strict=True):
             assert torch.equal(p.detach(), q.detach()), f"step {step}"
-        assert torch.equal(opts[0].trust_ratios(), opts[1].trust_ratios())
+        assert torch.equal(opt.trust_ratios(), fresh_opt.trust_ratios())
+
+
+def change_weights(params: list[nn.Parameter], change: str) -> None:
+    with torch.no_grad():
+        scaled = {i: p * 1.5 for i, p in enumerate(params)}
+        if change == "p.data":
+            params[0].data.mul_(1.5)
+        elif change == "in_place":
+            params[0].mul_(1.5)
+        elif change == "new_storage":
+            params[0].data = scaled[0]
+        else:
+            nn.ParameterList(params).load_state_dict({str(i): t for i, t in scaled.items()})

@@ -1,9 +1,8 @@
 /* One LARS step (You, Gitman & Ginsburg, "Large Batch Training of Convolutional Networks", 2017,
  * Algorithm 1) over a list of dense float32 or float64 CPU tensors, in one pass over memory per
  * cache-sized bucket: the squared norms of a bucket's weights and gradients, then their update,
- * while the bucket is still in cache. The update pass also returns ‖w‖² of the new weights, summed
- * exactly as the norm pass would sum them: given back at the next step (when the weights have
- * not changed since, which the caller checks), it spares the norm pass one read of w.
+ * while the bucket is still in cache. Both norms are summed from the tensors as they are at the
+ * call, whatever wrote them since the last step.
  *
  *     λ = η‖w‖ / (‖g‖ + β‖w‖ + eps), λ = 1 if ‖w‖ = 0 or ‖g‖ = 0 (or lars = 0); clip: min(λ, 1)
  *     v ← m·v + γλ·g + γλβ·w;   w ← w − v   (Nesterov: w ← w − (m·v + γλ·g + γλβ·w))
@@ -31,16 +30,15 @@ typedef struct {
     int64_t bucket_elements;
 } LarsOptions;
 
-/* λ of the tensor whose chunks start at chunk c: ‖w‖² (w_sq[t] when known, else its chunks')
- * and ‖g‖² from its chunks, added in chunk order. */
-static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const LarsOptions *o) {
+/* λ of the tensor whose chunks start at chunk c: ‖w‖² and ‖g‖² from its chunks, added in chunk
+ * order. */
+static double trust_ratio(const Plan *p, int64_t c, const LarsOptions *o) {
     int64_t t = p->chunks[c].tensor;
     double ws = 0.0, gs = 0.0;
     for (; c < p->total && p->chunks[c].tensor == t; c++) {
-        ws += p->partial[3 * c];
-        gs += p->partial[3 * c + 1];
+        ws += p->partial[2 * c];
+        gs += p->partial[2 * c + 1];
     }
-    if (w_sq[t] >= 0.0) ws = w_sq[t];
     double wn = sqrt(ws), gn = sqrt(gs), r = 1.0;
     if (wn > 0.0 && gn > 0.0) r = o->trust_coefficient * wn / (gn + o->weight_decay * wn + o->eps);
     if (o->clip && r > 1.0) r = 1.0;
@@ -48,28 +46,29 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
 }
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                              \
-    VECTORIZE static double sumsq_##SUFFIX(const T *a, int64_t n) {                            \
-        double sum[2];                                                                         \
-        BLOCKED_SUMSQ(T, n, 1, x = a[k], sum)                                                  \
-        return sum[0];                                                                         \
+    /* ‖w‖² and ‖g‖² of one chunk into sums[0..1], in one pass over both. */                   \
+    VECTORIZE static void sumsq_##SUFFIX(const T *w, const T *g, int64_t n, double *sums) {    \
+        BLOCKED_SUMSQ(T, n, 2, x = w[k]; y = g[k], sums)                                       \
     }                                                                                          \
                                                                                                \
-    /* v ← m·v + cg·g + cw·w; w ← w − v; returns ‖w‖² of the new w. */                         \
-    VECTORIZE static double update_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg,      \
-                                            T cw) {                                            \
-        double sum[2];                                                                         \
-        BLOCKED_SUMSQ(T, n, 1, T vk = m * v[k] + cg * g[k] + cw * w[k]; v[k] = vk;             \
-                      x = w[k] - vk; w[k] = x, sum)                                            \
-        return sum[0];                                                                         \
+    /* v ← m·v + cg·g + cw·w; w ← w − v. */                                                    \
+    VECTORIZE static void update_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg, T cw) {\
+        for (int64_t k = 0; k < n; k++) {                                                      \
+            T vk = m * v[k] + cg * g[k] + cw * w[k];                                           \
+            v[k] = vk;                                                                         \
+            w[k] = w[k] - vk;                                                                  \
+        }                                                                                      \
     }                                                                                          \
                                                                                                \
     /* Nesterov: v ← m·v + d; w ← w − (m·v + d), d = cg·g + cw·w. */                           \
-    VECTORIZE static double nesterov_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg,    \
+    VECTORIZE static void nesterov_##SUFFIX(T *w, const T *g, T *v, int64_t n, T m, T cg,      \
                                               T cw) {                                          \
-        double sum[2];                                                                         \
-        BLOCKED_SUMSQ(T, n, 1, T d = cg * g[k] + cw * w[k]; T vk = m * v[k] + d; v[k] = vk;    \
-                      x = w[k] - (m * vk + d); w[k] = x, sum)                                  \
-        return sum[0];                                                                         \
+        for (int64_t k = 0; k < n; k++) {                                                      \
+            T d = cg * g[k] + cw * w[k];                                                       \
+            T vk = m * v[k] + d;                                                               \
+            v[k] = vk;                                                                         \
+            w[k] = w[k] - (m * vk + d);                                                        \
+        }                                                                                      \
     }                                                                                          \
                                                                                                \
     /* The step, bucket by bucket: the chunks' norms (each thread its share; one barrier),     \
@@ -77,9 +76,9 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
      * out the ratio of the tensors its chunks belong to (the same sum in the same order       \
      * whichever thread it is). */                                                             \
     int lars_step_##SUFFIX(T **w, T **g, T **v, const int64_t *numel, int64_t count,           \
-                           const LarsOptions *o, double *w_sq, T *ratios_out) {                \
+                           const LarsOptions *o, T *ratios_out) {                              \
         Plan p;                                                                                \
-        if (make_plan(numel, count, o->bucket_elements, 3, &p) != 0) return -1;                \
+        if (make_plan(numel, count, o->bucket_elements, 2, &p) != 0) return -1;                \
         if (o->lars)                                                                           \
             for (int64_t t = 0; t < count; t++) ratios_out[t] = (T)1; /* empty tensors */      \
         _Pragma("omp parallel num_threads(o->threads)")                                        \
@@ -91,10 +90,8 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
                 if (o->lars) {                                                                 \
                     for (int64_t c = lo; c < hi; c++) {                                        \
                         const Chunk *k = &p.chunks[c];                                         \
-                        int64_t t = k->tensor, n = k->stop - k->start;                         \
-                        p.partial[3 * c] =                                                     \
-                            w_sq[t] >= 0.0 ? 0.0 : sumsq_##SUFFIX(w[t] + k->start, n);         \
-                        p.partial[3 * c + 1] = sumsq_##SUFFIX(g[t] + k->start, n);             \
+                        sumsq_##SUFFIX(w[k->tensor] + k->start, g[k->tensor] + k->start,       \
+                                       k->stop - k->start, &p.partial[2 * c]);                 \
                     }                                                                          \
                     _Pragma("omp barrier")                                                     \
                 }                                                                              \
@@ -105,22 +102,18 @@ static double trust_ratio(const Plan *p, int64_t c, const double *w_sq, const La
                     int64_t t = k->tensor, n = k->stop - k->start;                             \
                     if (o->lars && t != tensor) {                                              \
                         first = first_chunk(&p, c);                                            \
-                        ratio = (T)trust_ratio(&p, first, w_sq, o);                            \
+                        ratio = (T)trust_ratio(&p, first, o);                                  \
                         cg = ratio * (T)o->lr;                                                 \
                         tensor = t;                                                            \
                     }                                                                          \
                     if (o->lars && c == first) ratios_out[t] = ratio;                          \
                     T cw = cg * (T)o->weight_decay;                                            \
-                    p.partial[3 * c + 2] =                                                     \
-                        (o->nesterov ? nesterov_##SUFFIX : update_##SUFFIX)(                   \
-                            w[t] + k->start, g[t] + k->start, v[t] + k->start, n,              \
-                            (T)o->momentum, cg, cw);                                           \
+                    (o->nesterov ? nesterov_##SUFFIX : update_##SUFFIX)(                       \
+                        w[t] + k->start, g[t] + k->start, v[t] + k->start, n, (T)o->momentum,  \
+                        cg, cw);                                                               \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int64_t t = 0; t < count; t++) w_sq[t] = 0.0;                                     \
-        for (int64_t c = 0; c < p.total; c++)                                                  \
-            w_sq[p.chunks[c].tensor] += p.partial[3 * c + 2];                                  \
         free_plan(&p);                                                                         \
         return 0;                                                                              \
     }

@@ -9,6 +9,9 @@ the wrapper (PyTorch's own, unchanged): a LARS or LAMB run that compiles nothing
 torch._dynamo, and one that does (``compile: true``, ``optim.fused_compile``) imports it when it
 compiles. (``torch.optim.SGD`` imports it in its first step, through the same kind of wrapper
 around its update function.)
+
+It also holds what a step of each of them checks before it changes anything: a step that raises
+leaves the weights and the state as they were.
 """
 
 from __future__ import annotations
@@ -35,4 +38,12 @@ class Optimizer(torch.optim.Optimizer):
     zero_grad = _unwrapped("zero_grad")
     state_dict = _unwrapped("state_dict")
     load_state_dict = _unwrapped("load_state_dict")
+
+    def _check_gradients(self) -> None:
+        """RuntimeError if any gradient is sparse; called before a step touches any tensor."""
+        for number, group in enumerate(self.param_groups):
+            for index, p in enumerate(group["params"]):
+                if p.grad is not None and p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse "
+                                       f"gradients (parameter {index} of group {number})")
 

@@ -54,7 +54,11 @@ class LAMB(Optimizer):
         lars: group key, default True; False skips the trust ratio for the group's tensors.
         bucket_bytes: cache-blocking size on CPU (as for LARS), None: 4 MiB on CPU.
 
-    State per parameter: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``step`` (t, a host integer).
+    State per parameter: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``step`` (t, a host integer); m
+    and v in the parameter's dtype, as PyTorch's optimizers keep them. With float16 parameters,
+    (1 − β₂)·g² under 3e-8 (half float16's smallest value: |g| under 5.5e-3 at β₂ = 0.999) is
+    stored as v = 0 and that element's step becomes m̂/ε: keep float32 weights (and compute in
+    bf16 under autocast) or use bfloat16 parameters, whose range is float32's.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
@@ -73,6 +77,7 @@ class LAMB(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_gradients()
         for group in self.param_groups:
             params, grads, avgs, avg_sqs, steps = self._tensors_with_grad(group)
             if not params:
@@ -92,8 +97,6 @@ class LAMB(Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            if p.grad.is_sparse:
-                raise RuntimeError("LAMB does not support sparse gradients")
             state = self.state[p]
             if not state:
                 state["step"] = 0

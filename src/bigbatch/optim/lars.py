@@ -16,7 +16,7 @@ bias tensors are excluded from adaptation (see :func:`bigbatch.optim.parameter_g
 
 Implementation. On CPU, float32/float64 tensors go through a compiled kernel
 (:mod:`bigbatch.optim.lars_kernel`, built by ``pip install``): per cache-sized bucket, the norms
-and then the update in one pass each, the weights' norms carried over from the previous update.
+and then the update in one pass each.
 Elsewhere, and where the kernel is not built, the step is multi-tensor (``torch._foreach_*``)
 and free of host synchronisation — the trust ratios stay on the device and enter the update as
 0-d tensors, the zero-norm rule is a ``torch.where``; on CPU in the same cache-sized buckets.
@@ -111,7 +111,6 @@ class LARS(Optimizer):
         self._ratio_params: list[Tensor] = []
         self._compiled: Callable[..., Tensor | None] | None = None
         self._lr_tensors: dict[tuple[torch.device, torch.dtype], Tensor] = {}
-        self._weight_norms = lars_kernel.WeightNorms()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -139,7 +138,6 @@ class LARS(Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self._weight_norms.clear()
         self._ratio_parts = []
         self._ratio_params = []
 
@@ -150,6 +148,7 @@ class LARS(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_gradients()
         ratio_parts: list[Tensor] = []
         ratio_params: list[Tensor] = []
         for group in self.param_groups:
@@ -160,8 +159,8 @@ class LARS(Optimizer):
             # The compiled graph fuses per tensor by itself: it only needs one device and dtype.
             limit = None if compiled else _bucket_limit(group, params[0].device)
             if not compiled and limit is not None and lars_kernel.supports(params, grads, bufs):
-                ratios = lars_kernel.step(params, grads, bufs, self._weight_norms,
-                                          bucket_bytes=limit, **_update_options(group))
+                ratios = lars_kernel.step(params, grads, bufs, bucket_bytes=limit,
+                                          **_update_options(group))
                 if ratios is not None:
                     ratio_parts.append(ratios)
                     ratio_params.extend(params)
@@ -182,8 +181,6 @@ class LARS(Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            if p.grad.is_sparse:
-                raise RuntimeError("LARS does not support sparse gradients")
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
