@@ -400,6 +400,48 @@ def test_build_optimizer_lars_and_sgd_train_a_conv_bn_model():
         build_optimizer(ConvBN(), "adam", 0.1)
 
 
+def test_lars_has_a_default_lr_for_factories_that_build_by_keyword():
+    opt = LARS(make_params())
+    assert opt.defaults["lr"] == 1.0 and opt.defaults["trust_coefficient"] == 0.001
+
+
+def test_build_optimizer_and_the_run_config_take_lars_defaults():
+    """LARS's signature is the defaults' home: build_optimizer reads them, and the run config
+    (which stays free of torch, see bigbatch.config) must agree with them."""
+    from bigbatch.config import OptimConfig
+    from bigbatch.optim.base import keyword_defaults
+
+    defaults = keyword_defaults(LARS)
+    config = OptimConfig()
+    assert {k: getattr(config, k) for k in defaults if hasattr(config, k)} == {
+        k: v for k, v in defaults.items() if hasattr(config, k)}
+    assert {"lr", "momentum", "weight_decay", "trust_coefficient", "eps", "clip", "nesterov",
+            "fused_compile"} <= set(vars(config))
+    for name in ("lars", "lamb", "sgd"):
+        opt = build_optimizer(ConvBN(), name, 0.1)
+        assert opt.param_groups[0]["weight_decay"] == defaults["weight_decay"], name
+    lamb = build_optimizer(ConvBN(), "lamb", 0.1)
+    assert lamb.defaults["betas"] == (defaults["momentum"], 0.999)
+    with pytest.raises(TypeError, match="^build_optimizer got options LARS does not take: betas$"):
+        build_optimizer(ConvBN(), "sgd", 0.1, betas=(0.9, 0.99))
+
+
+def test_zero_lr_still_moves_the_weights_by_the_earlier_steps_momentum():
+    """Algorithm 1 keeps the LR inside the buffer: at γ = 0, w ← w − m·v (timm's Lars and
+    PyTorch's SGD, LR outside, stop at once)."""
+    params = make_params()
+    opt, _ = run_lars(params, 1, [1.0], momentum=0.9)
+    buffers = [opt.state[p]["momentum_buffer"].clone() for p in params]
+    before = [p.detach().clone() for p in params]
+    for p, g in zip(params, grads_for(1), strict=True):
+        p.grad = g
+    opt.param_groups[0]["lr"] = 0.0
+    opt.step()
+    for p, w, v in zip(params, before, buffers, strict=True):
+        assert v.abs().max() > 0
+        torch.testing.assert_close(p.detach(), w - 0.9 * v, rtol=1e-12, atol=1e-12)
+
+
 def test_build_optimizer_without_exclusion_adapts_every_tensor():
     opt = build_optimizer(ConvBN(), "lars", 0.1, exclude_bn_and_bias=False, clip=True)
     (group,) = opt.param_groups

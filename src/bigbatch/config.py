@@ -48,6 +48,9 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    # lr, momentum, nesterov, weight_decay, trust_coefficient, eps, clip, fused_compile: LARS's
+    # defaults, whose home is bigbatch.optim.LARS's signature (repeated here so that reading a
+    # config imports no torch; tests/test_lars.py checks that they agree).
     name: str = "lars"
     lr: float = 1.0  # base LR at reference_batch, scaled by lr_scaling to the global batch
     lr_scaling: str = "none"

@@ -10,11 +10,15 @@ torch._dynamo, and one that does (``compile: true``, ``optim.fused_compile``) im
 compiles. (``torch.optim.SGD`` imports it in its first step, through the same kind of wrapper
 around its update function.)
 
-It also holds what a step of each of them checks before it changes anything: a step that raises
-leaves the weights and the state as they were.
+It also holds what a step of each of them checks before it changes anything (a step that raises
+leaves the weights and the state as they were), and :func:`keyword_defaults`, which reads an
+optimizer's defaults from its signature.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 import torch
 
@@ -29,6 +33,13 @@ def _unwrapped(name: str):  # noqa: ANN202 (the function, whatever PyTorch's sig
     if getattr(method, "__code__", None) is _DYNAMO_WRAPPER:
         return method.__wrapped__
     return method
+
+
+def keyword_defaults(optimizer: type[torch.optim.Optimizer]) -> dict[str, Any]:
+    """The defaults of ``optimizer``'s keyword arguments, read from its signature (their one
+    home: whoever builds one with other defaults reads them here instead of copying them)."""
+    parameters = inspect.signature(optimizer.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 class Optimizer(torch.optim.Optimizer):

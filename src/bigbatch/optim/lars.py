@@ -14,6 +14,11 @@ zero-initialised tensor start moving and never divides by zero. A group with ``l
 the same update with λ = 1 (plain momentum SGD, LR inside the buffer): that is how BatchNorm and
 bias tensors are excluded from adaptation (see :func:`bigbatch.optim.parameter_groups`).
 
+Because the LR is inside the buffer, v carries the LRs of the steps that built it: a step at
+γ = 0 still moves w by m·v (then m²·v, ...), and a change of γ acts on new contributions only.
+PyTorch's SGD and timm's ``Lars`` keep the LR outside (``v ← m·v + g'``; ``w ← w − γ·v``), where
+γ = 0 stops the weights at once and a change of γ rescales the whole buffer.
+
 Implementation. On CPU, float32/float64 tensors go through a compiled kernel
 (:mod:`bigbatch.optim.lars_kernel`, built by ``pip install``): per cache-sized bucket, the norms
 and then the update in one pass each.
@@ -51,7 +56,8 @@ class LARS(Optimizer):
     Args:
         params: parameters or parameter-group dicts. Group keys override the defaults below;
             unknown keys (e.g. ``"names"`` from :func:`parameter_groups`) are kept and ignored.
-        lr: global learning rate γ (the schedule overwrites ``group["lr"]`` every step).
+        lr: global learning rate γ, default 1.0 (the schedule overwrites ``group["lr"]`` every
+            step). γ = 0 still moves the weights by the momentum of earlier steps (module doc).
         momentum: m, default 0.9.
         weight_decay: β, default 5e-4; added to the gradient *before* the trust-ratio scaling
             and also part of the ratio's denominator, as in Algorithm 1.
@@ -81,7 +87,7 @@ class LARS(Optimizer):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float,
+        lr: float = 1.0,
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
         trust_coefficient: float = 0.001,
