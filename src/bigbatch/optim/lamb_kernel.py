@@ -29,21 +29,10 @@ class _Options(ctypes.Structure):
                 ("bucket_elements", ctypes.c_int64)]
 
 
-def _load() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    lib = native.load("_lamb_kernel", "BIGBATCH_LAMB_KERNEL")
-    if lib is None:
-        return None
-    return {torch.float32: _declare(lib.lamb_step_f32), torch.float64: _declare(lib.lamb_step_f64)}
-
-
-def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.POINTER(_Options),
-                                           ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_KERNELS = _load()
+_KERNELS = native.load_kernels(
+    "_lamb_kernel", "BIGBATCH_LAMB_KERNEL", "lamb_step",
+    [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.POINTER(_Options), ctypes.c_void_p,
+                             ctypes.c_void_p])
 
 
 def available() -> bool:

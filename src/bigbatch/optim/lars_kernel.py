@@ -30,21 +30,9 @@ class _Options(ctypes.Structure):
                 ("bucket_elements", ctypes.c_int64)]
 
 
-def _load() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    lib = native.load("_lars_kernel", "BIGBATCH_LARS_KERNEL")
-    if lib is None:
-        return None
-    return {torch.float32: _declare(lib.lars_step_f32), torch.float64: _declare(lib.lars_step_f64)}
-
-
-def _declare(fn: ctypes._CFuncPtr) -> ctypes._CFuncPtr:
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.POINTER(_Options),
-                                           ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_KERNELS = _load()
+_KERNELS = native.load_kernels(
+    "_lars_kernel", "BIGBATCH_LARS_KERNEL", "lars_step",
+    [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.POINTER(_Options), ctypes.c_void_p])
 
 
 def available() -> bool:

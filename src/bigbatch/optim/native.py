@@ -1,5 +1,6 @@
 """What the compiled CPU optimizer steps share on the Python side: loading a kernel library built
-by ``pip install`` (setup.py) through ctypes, switching it off, and the tensor layouts it takes.
+by ``pip install`` (setup.py) through ctypes and declaring its step functions, switching it off,
+and the tensor layouts it takes.
 
 Each kernel module (:mod:`~bigbatch.optim.lars_kernel`, :mod:`~bigbatch.optim.lamb_kernel`)
 keeps its loaded functions in a module global ``_KERNELS`` (None: not built, or switched off by
@@ -15,6 +16,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +38,23 @@ def load(stem: str, switch: str) -> ctypes.CDLL | None:
             except OSError:
                 return None
     return None
+
+
+def load_kernels(stem: str, switch: str, function: str,
+                 argtypes: list[Any]) -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+    """The float32 and float64 step functions ``<function>_f32`` and ``<function>_f64`` of the
+    library ``stem`` (see :func:`load`), declared with ``argtypes`` and an int result, by dtype;
+    None where the library is not there."""
+    lib = load(stem, switch)
+    if lib is None:
+        return None
+    kernels = {}
+    for dtype, suffix in ((torch.float32, "f32"), (torch.float64, "f64")):
+        fn = getattr(lib, f"{function}_{suffix}")
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+        kernels[dtype] = fn
+    return kernels
 
 
 @contextlib.contextmanager
