@@ -37,7 +37,7 @@ class DataConfig:
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000
     val_path: str | None = None  # webdataset validation shards; None: val-*.tar beside train-*.tar
-    num_classes: int | None = None  # webdataset labels 0..N-1; None: largest training label + 1
+    num_classes: int | None = None  # webdataset labels 0..N-1; None: largest label of train+val + 1
 
 
 @dataclass
@@ -133,6 +133,10 @@ class RunConfig:
     # Sums whose order depends on the layout in fixed point: bit-identical runs at any world size
     exact_reduction: bool = False
     backend: str = "auto"
+    # Seconds a rank waits in a collective (or at the rendezvous of a restart) for a peer
+    # before the run fails with the peer named: a lost link or a frozen node is noticed in this
+    # time, not in torch's own default (30 minutes for gloo, 10 for NCCL).
+    collective_timeout: float = 300.0
     on_nonfinite: str = "stop"
     max_skipped_steps: int = 10
     out: str = "runs/default"
@@ -307,6 +311,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("optim.reference_batch", cfg.optim.reference_batch)
     _check_positive("eval_every", cfg.eval_every)
     _check_positive("log_every", cfg.log_every)
+    _check_positive("collective_timeout", cfg.collective_timeout)
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     _check_range("optim.momentum", cfg.optim.momentum, 0.0, 1.0, upper_open=True)
     _check_range("label_smoothing", cfg.label_smoothing, 0.0, 1.0, upper_open=True)

@@ -136,8 +136,9 @@ def choose_backend(requested: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> DistContext:
-    """Join the process group described by the environment (or run alone)."""
+def init_distributed(backend: str = "auto", timeout_seconds: float = 1800.0) -> DistContext:
+    """Join the process group described by the environment (or run alone). A collective that
+    waits ``timeout_seconds`` for a peer raises (torch's own default: 30 minutes)."""
     env = launch_env()
     chosen = choose_backend(backend)
     device = _device_for(chosen, env.local_rank)
@@ -147,7 +148,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Di
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
     if not dist.is_initialized():
-        timeout = timedelta(minutes=timeout_minutes)
+        timeout = timedelta(seconds=timeout_seconds)
         dist.init_process_group(
             backend=chosen,
             rank=env.rank,

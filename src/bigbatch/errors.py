@@ -5,6 +5,7 @@ A UserError's message is printed on one line and the command exits with EXIT_USE
 
 EXIT_USER_ERROR = 2  # bad input: one line on stderr says what to change
 EXIT_NONFINITE = 3  # training stopped on a non-finite loss or gradient
+EXIT_PEER_LOST = 76  # a peer stopped answering; an elastic launcher restarts from a checkpoint
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: preempted after writing a checkpoint; resume with --resume auto
 
 

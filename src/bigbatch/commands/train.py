@@ -7,7 +7,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from bigbatch.errors import EXIT_NONFINITE, EXIT_PREEMPTED, UserError
+from bigbatch.errors import EXIT_NONFINITE, EXIT_PEER_LOST, EXIT_PREEMPTED, UserError
 
 if TYPE_CHECKING:
     from bigbatch.config import RunConfig
@@ -134,9 +134,10 @@ def run_train(args: argparse.Namespace) -> int:
 def train_here(cfg: RunConfig) -> int:
     """Train as this process's rank; the exit code."""
     from bigbatch.distributed import init_distributed, shutdown  # torch: once the config is valid
+    from bigbatch.peers import PeerLost
     from bigbatch.train import NonFiniteLoss, Preempted, train
 
-    ctx = init_distributed(cfg.backend)
+    ctx = init_distributed(cfg.backend, cfg.collective_timeout)
     try:
         summary = train(cfg, ctx)
     except NonFiniteLoss as error:
@@ -145,6 +146,9 @@ def train_here(cfg: RunConfig) -> int:
     except Preempted as error:
         logging.getLogger("bigbatch").warning("%s; resume with --resume auto", error)
         return EXIT_PREEMPTED
+    except PeerLost as error:
+        logging.getLogger("bigbatch").error("%s", error)
+        return EXIT_PEER_LOST
     finally:
         shutdown()
     if ctx.is_main:
