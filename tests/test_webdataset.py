@@ -351,3 +351,23 @@ def test_train_on_shards_named_by_pattern_with_validation_shards(shards: Path,
     assert result["steps"] == 3 and result["top1"] is not None
     assert 1 <= result["skipped_images"] <= 5
     assert "train-0001.tar:" in run.stderr
+
+
+def test_class_count_covers_both_splits_and_no_validation_sample_is_dropped(
+        tmp_path: Path) -> None:
+    """Training shards without the top class: the count comes from both splits, and every
+    validation sample is kept; a declared count below a validation label is refused."""
+    rng = np.random.default_rng(3)
+    samples = good_samples(0, 9, rng)  # labels 0, 1, 2, 0, 1, 2, ...
+    write_shard(tmp_path / "train-0000.tar", [s for s in samples if not s[0].endswith(("2",
+                                                                                       "5", "8"))])
+    write_shard(tmp_path / "val-0000.tar", samples[::-1])  # unsorted, the top class first
+    train, val = build_datasets("webdataset", path=str(tmp_path), seed=0, image_size=SIZE)
+    assert train.num_classes == val.num_classes == CLASSES
+    assert val.labels.tolist() == [k % CLASSES for k in range(8, -1, -1)]
+    assert sorted(set(train.labels.tolist())) == [0, 1]
+    with pytest.raises(DataError, match=r"^3 validation samples have labels outside 0\.\.1 "
+                                        r"\(the first: .*val-0000.tar:sample0008, label 2\); "
+                                        r"set data.num_classes to 3 or more$"):
+        build_datasets("webdataset", path=str(tmp_path), seed=0, image_size=SIZE,
+                       num_classes=2)

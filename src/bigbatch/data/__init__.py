@@ -20,7 +20,12 @@ from bigbatch.data.pack import PackedImages, pack_imagefolder
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches, eval_batches, eval_shard
 from bigbatch.data.synthetic import SyntheticImages
 from bigbatch.data.transforms import eval_resize_size
-from bigbatch.data.webdataset import WebDatasetImages, split_shards
+from bigbatch.data.webdataset import (
+    WebDatasetImages,
+    label_count,
+    refuse_unknown_classes,
+    split_shards,
+)
 from bigbatch.errors import ConfigError, DataError
 
 DATASETS = ("fashion-mnist", "imagefolder", "packed", "synthetic", "webdataset")
@@ -56,7 +61,7 @@ def build_datasets(name: str, *, path: str | None, seed: int, image_size: int | 
         normalize: False makes imagefolder, packed and webdataset return uint8 images, to be
             normalised on the device with bigbatch.data.transforms.normalize_images.
         val_path / num_classes: webdataset's validation shards (default: a folder's val-*.tar)
-            and number of classes (default: the largest training label + 1).
+            and number of classes (default: the largest label of either split + 1).
         augment: augment the training set (Fashion-MNIST: 2-pixel crop + flip; folders and
             shards: Inception crop + flip); False prepares training images as validation
             images are. The synthetic set has no augmentation either way.
@@ -141,10 +146,13 @@ def _webdataset(path: str | None, val_path: str | None, seed: int, image_size: i
     train_shards, val_shards = split_shards(path, val_path)
     common = dict(seed=seed, image_size=image_size or DEFAULT_IMAGE_SIZE, on_broken=on_broken,
                   fast_decode=fast_decode, normalize=normalize)
+    # Declared, or counted on both splits: a class that only the validation shards hold counts.
+    classes = num_classes or max(label_count(train_shards), label_count(val_shards))
     train = WebDatasetImages(train_shards, train=True, augment=augment, subset=subsets.train,
-                             num_classes=num_classes, **common)
-    val = WebDatasetImages(val_shards, train=False, num_classes=train.num_classes,
-                           subset=subsets.val, **common)
+                             num_classes=classes, **common)
+    val = WebDatasetImages(val_shards, train=False, num_classes=classes, subset=subsets.val,
+                           **common)
+    refuse_unknown_classes(val)
     return train, val
 
 

@@ -322,6 +322,24 @@ def shard_index(shard: Path, cache_dir: Path | None = None) -> ShardIndex:
     return index
 
 
+def label_count(shards: Sequence[str | os.PathLike], cache_dir: Path | None = None) -> int:
+    """The largest label in the shards + 1 (0 where none has a readable label), from their
+    cached indexes."""
+    return max(int(shard_index(Path(s), cache_dir).label.max(initial=-1)) for s in shards) + 1
+
+
+def refuse_unknown_classes(val: WebDatasetImages) -> None:
+    """DataError if a validation sample's label is num_classes or more: an accuracy must count
+    every validation image, so such samples are not skipped as broken ones are."""
+    beyond = np.flatnonzero((val.raw_labels >= val.num_classes) & (val.flaws == 0))
+    if len(beyond):
+        first = int(beyond[0])
+        raise DataError(f"{len(beyond)} validation samples have labels outside 0.."
+                        f"{val.num_classes - 1} (the first: {val.describe(first)}, label "
+                        f"{val.raw_labels[first]}); set data.num_classes to "
+                        f"{int(val.raw_labels.max()) + 1} or more")
+
+
 # --------------------------------------------------------------------------- the data set
 
 
@@ -331,8 +349,9 @@ class WebDatasetImages(IndexedImages):
     Example i is the i-th sample in shard order (shards in the given order, samples in tar
     order). Arguments after ``shards`` as IndexedImages', plus:
         subset: keep only this many examples, spread evenly over the shards (default all).
-        num_classes: labels must lie in 0..num_classes-1 (default: the largest label + 1);
-            others are reported as broken.
+        num_classes: labels must lie in 0..num_classes-1 (default: the largest label in these
+            shards + 1); others are reported as broken. A run passes the count of both splits
+            (bigbatch.data.build_datasets).
         cache_dir: where indexes go when a shard's folder is read-only
             (default ~/.cache/bigbatch/webdataset).
     """
