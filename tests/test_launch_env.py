@@ -15,7 +15,7 @@ from bigbatch.distributed import (
     slurm_tasks_per_node,
 )
 from bigbatch.errors import ConfigError
-from bigbatch.testing.faults import Fault, fault_from_env
+from bigbatch.train.faults import Fault, fault_from_env
 
 
 def test_torchrun_variables():

@@ -18,7 +18,7 @@ from bigbatch import local_launch
 from bigbatch.config import resolve_config
 from bigbatch.errors import ConfigError
 from bigbatch.local_launch import local_processes
-from bigbatch.testing.faults import CRASH_EXIT_CODE
+from bigbatch.train.faults import CRASH_EXIT_CODE
 
 # Synthetic 16x16 images, steps of 64 in micro-batches of 16 (4 per step), sums in fixed point:
 # the same bits for any number of ranks.

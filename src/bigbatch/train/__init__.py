@@ -1,5 +1,6 @@
 """Training: the loop (trainer), resume policy, non-finite handling, the run's record, and the
-per-step pieces the loop calls (reduction, BatchNorm statistics, timing, preemption).
+per-step pieces the loop calls (reduction, BatchNorm statistics, timing, preemption, and the
+fault hook that BIGBATCH_FAULT arms, faults.py).
 
 ``train``, ``Trainer``, ``Preempted`` and ``NonFiniteLoss`` are imported on first use, so that
 the light modules here (preemption) can be used without importing torch.

@@ -23,7 +23,7 @@ from bigbatch.config import RunConfig
 from bigbatch.distributed import DistContext
 from bigbatch.errors import CheckpointError
 from bigbatch.metrics import truncate_after_step
-from bigbatch.testing.faults import NoFaults
+from bigbatch.train.faults import NoFaults
 
 log = logging.getLogger(__name__)
 

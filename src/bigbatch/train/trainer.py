@@ -48,9 +48,10 @@ from bigbatch.distributed import DistContext, barrier
 from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog, RecordSinks
+from bigbatch.peers import PeerLost, PeerWatch, lost_peer, peer_watch
 from bigbatch.precise_bn import PreciseBN, check_count, load_statistics
-from bigbatch.testing.faults import fault_hook
 from bigbatch.threads import intra_op_threads
+from bigbatch.train.faults import fault_hook
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
 from bigbatch.train.progress import progress_for
@@ -88,17 +89,26 @@ class StepResult:
 
 
 def train(cfg: RunConfig, ctx: DistContext) -> dict[str, Any]:
-    """Run training as configured; return the summary (also written to summary.json)."""
-    with intra_op_threads(cfg.threads):
-        return Trainer(cfg, ctx).fit()
+    """Run training as configured; return the summary (also written to summary.json).
+    Raises PeerLost, with the peer named, when a collective loses a peer."""
+    peers = peer_watch(ctx, cfg.collective_timeout)
+    try:
+        with intra_op_threads(cfg.threads):
+            return Trainer(cfg, ctx, peers).fit()
+    except Exception as error:
+        if ctx.distributed and lost_peer(error):
+            raise PeerLost(peers.failure_line(error, cfg.collective_timeout)) from error
+        raise
 
 
 class Trainer:
     """One training run: built from a config on one rank, run with :meth:`fit`."""
 
-    def __init__(self, cfg: RunConfig, ctx: DistContext) -> None:
+    def __init__(self, cfg: RunConfig, ctx: DistContext, peers: PeerWatch | None = None) -> None:
         self.started = time.perf_counter()
         self.cfg, self.ctx = cfg, ctx
+        self.peers = peers or peer_watch(ctx, cfg.collective_timeout)
+        self.peers.beat(0, force=True)
         self.run_dir = Path(cfg.out)
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
@@ -178,6 +188,7 @@ class Trainer:
     def train_step(self, step: int) -> StepResult:
         """One global step: A micro-batches forward and backward, one all-reduce, one update."""
         started = time.perf_counter()
+        self.peers.beat(step)
         epoch, step_in_epoch = divmod(step, self.geometry.steps_per_epoch)
         self.faults.begin_step(step, self.model, self.checkpoints)
         lr = self.schedule.lr(step)

@@ -1,4 +1,4 @@
-"""Fault injection for reliability tests, driven by one environment variable.
+"""Fault injection, driven by one environment variable, for the reliability tests and studies.
 
 ``BIGBATCH_FAULT="KIND:step=N[:rank=R]"`` where KIND is
 
@@ -21,7 +21,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -29,12 +29,15 @@ from torch import nn
 from bigbatch import checkpoint
 from bigbatch.errors import ConfigError
 
-if TYPE_CHECKING:
-    from bigbatch.train.resume import CheckpointClock
-
 KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint", "clock-skew")
 CRASH_EXIT_CODE = 13
 CLOCK_SKEW_SECONDS = 3600.0
+
+
+class SaveClock(Protocol):
+    """What a fault needs of the time-based checkpoint clock (resume.CheckpointClock)."""
+
+    last_saved: float
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def fault_from_env(environ: dict[str, str] | None = None) -> Fault | None:
 class NoFaults:
     """The hook of a normal run: every method does nothing."""
 
-    def begin_step(self, step: int, model: nn.Module, clock: CheckpointClock) -> None:
+    def begin_step(self, step: int, model: nn.Module, clock: SaveClock) -> None:
         """Called once at the start of every global step."""
 
     def write_checkpoint(self, folder: Path, step: int, state: dict, keep: int) -> None:
@@ -84,7 +87,7 @@ class FaultInjector(NoFaults):
         self.rank = rank
         self._poison: torch.utils.hooks.RemovableHandle | None = None
 
-    def begin_step(self, step: int, model: nn.Module, clock: CheckpointClock) -> None:
+    def begin_step(self, step: int, model: nn.Module, clock: SaveClock) -> None:
         if self._poison is not None:
             self._poison.remove()
             self._poison = None
