@@ -51,6 +51,27 @@ def test_bad_names_and_options_are_one_clear_line(name, options, message) -> Non
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_vision_transformers_are_built_for_the_data_image_size() -> None:
+    """A ViT gets the data's side as its input size; patches that do not tile it, or an input
+    size set to another side, are one line saying what to set; CNNs take any size."""
+    small = dict(embed_dim=32, depth=1, num_heads=2)
+    vit = create_model("timm:vit_tiny_patch16_224", 10, 1, image_size=64, **small)
+    assert vit.patch_embed.img_size == (64, 64) and vit(torch.zeros(1, 1, 64, 64)).shape == (1, 10)
+    fine = create_model("timm:vit_tiny_patch16_224", 10, 1, image_size=28, patch_size=7, **small)
+    assert fine(torch.zeros(1, 1, 28, 28)).shape == (1, 10)
+    with pytest.raises(ValueError, match=r"^timm:vit_tiny_patch16_224 cuts images into 16-pixel "
+                       r"patches, which do not tile the data's 28-pixel images: set "
+                       r"model.options.patch_size to a divisor of 28 \(2, 4, 7, 14\) or resize"):
+        create_model("timm:vit_tiny_patch16_224", 10, 1, image_size=28, **small)
+    with pytest.raises(ValueError, match=r"^timm:vit_tiny_patch16_224 is built for 32-pixel "
+                       r"images but the data's are 64 pixels"):
+        create_model("timm:vit_tiny_patch16_224", 10, 1, image_size=64, img_size=32, **small)
+    tv_vit = create_model("torchvision:vit_b_16", 3, image_size=32)
+    assert tv_vit.image_size == 32 and tv_vit(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+    cnn = create_model("timm:resnet10t", 4, 1, image_size=28)
+    assert cnn(torch.zeros(2, 1, 28, 28)).shape == (2, 4)
+
+
 def test_config_validation_accepts_and_rejects_names(monkeypatch) -> None:
     for name in ("timm:resnet50d", "timm:vit_small_patch16_224", "torchvision:resnet101"):
         assert resolve_config(overrides=[f"model.name={name}"]).model.name == name
@@ -114,6 +135,8 @@ def test_rule_recognises_every_normalisation_layer_bias_and_declared_name() -> N
     ("timm:resnet10t", []),
     ("timm:vit_tiny_patch16_224", [f"model.options.{k}={v}" for k, v in TINY_VIT.items()]),
     ("torchvision:resnet18", ["data.image_size=32"]),
+    ("timm:vit_tiny_patch16_224", ["data.image_size=64", "model.options.embed_dim=32",
+                                   "model.options.depth=1", "model.options.num_heads=2"]),
 ])
 def test_trains_two_steps_on_synthetic_data(tmp_path, model, options) -> None:
     out = tmp_path / "run"

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bigbatch.config import RunConfig
-from bigbatch.data import build_datasets
+from bigbatch.data import FashionMNIST, build_datasets
 from bigbatch.data.loader import default_workers
 from bigbatch.distributed import DistContext
 from bigbatch.errors import ConfigError
@@ -55,10 +55,13 @@ def datasets_for(cfg: RunConfig, uint8_train: bool = False):
 
 
 def model_for(cfg: RunConfig, num_classes: int, in_channels: int) -> nn.Module:
-    """The model, initialised from the run's seed (identical on every rank)."""
+    """The model, initialised from the run's seed (identical on every rank), for the data's
+    image side (a vision transformer is built for it, or refused in one line)."""
     torch.manual_seed(cfg.seed)
+    side = image_size_for(cfg) or FashionMNIST.image_size
     try:
-        return create_model(cfg.model.name, num_classes, in_channels, **cfg.model.options)
+        return create_model(cfg.model.name, num_classes, in_channels, image_size=side,
+                            **cfg.model.options)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

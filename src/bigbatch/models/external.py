@@ -76,20 +76,87 @@ def default_image_size(name: str, options: dict[str, Any] | None = None) -> int:
     return DEFAULT_IMAGE_SIZE
 
 
-def create(name: str, num_classes: int, in_channels: int = 3, **options: Any) -> nn.Module:
-    """Build ``library:model`` with its library's factory (see the module doc)."""
+def create(name: str, num_classes: int, in_channels: int = 3, image_size: int | None = None,
+           **options: Any) -> nn.Module:
+    """Build ``library:model`` with its library's factory (see the module doc).
+
+    ``image_size``: the side of the images the model will see. A factory that takes the input
+    size (timm's ``img_size``, torchvision's ``image_size``: its ViTs) gets it unless an option
+    sets it; a model whose patches do not tile it, or that is built for another size, is
+    refused with one line saying what to set.
+    """
     check_name(name)
     library, model = split_name(name)
     try:
-        if library == "timm":
-            return _timm().create_model(model, num_classes=num_classes, in_chans=in_channels,
-                                        **options)
-        from torchvision import models
-
-        return with_input_channels(models.get_model(model, num_classes=num_classes, **options),
-                                   in_channels)
+        if (image_size is not None and SIZE_OPTIONS[library] not in options
+                and image_size != default_image_size(name, options)):
+            built = _build_for_size(library, model, num_classes, in_channels, image_size,
+                                    options)
+        else:
+            built = _build(library, model, num_classes, in_channels, options)
     except TypeError as error:
         raise ValueError(f"{name} does not accept the options {sorted(options)}: {error}") from None
+    if image_size is not None:
+        check_input_size(name, built, image_size)
+    return built
+
+
+# The factories' keyword for the input side, where a model has one (vision transformers).
+SIZE_OPTIONS = {"timm": "img_size", "torchvision": "image_size"}
+
+
+def _build(library: str, model: str, num_classes: int, in_channels: int,
+           options: dict[str, Any]) -> nn.Module:
+    if library == "timm":
+        return _timm().create_model(model, num_classes=num_classes, in_chans=in_channels,
+                                    **options)
+    from torchvision import models
+
+    return with_input_channels(models.get_model(model, num_classes=num_classes, **options),
+                               in_channels)
+
+
+def _build_for_size(library: str, model: str, num_classes: int, in_channels: int,
+                    image_size: int, options: dict[str, Any]) -> nn.Module:
+    """The model with its library's size option set to ``image_size``, or without it where the
+    factory does not take one (a convolutional network takes any size)."""
+    key = SIZE_OPTIONS[library]
+    try:
+        return _build(library, model, num_classes, in_channels, {**options, key: image_size})
+    except TypeError as error:
+        if f"'{key}'" not in str(error):
+            raise
+    return _build(library, model, num_classes, in_channels, options)
+
+
+def check_input_size(name: str, model: nn.Module, image_size: int) -> None:
+    """ValueError (one line) if ``model`` cuts its input into patches that do not tile
+    ``image_size`` (a strided patch embedding would drop the remainder unseen), or only takes
+    inputs of another size."""
+    patch, built = _patch_and_input_size(model)
+    if patch and image_size % patch:
+        divisors = [d for d in range(2, image_size // 2 + 1) if image_size % d == 0][-4:]
+        raise ValueError(
+            f"{name} cuts images into {patch}-pixel patches, which do not tile the data's "
+            f"{image_size}-pixel images: set model.options.patch_size to a divisor of "
+            f"{image_size} ({', '.join(map(str, divisors)) or 'none'}) or resize the images "
+            f"(data.image_size, where the data set allows it) to a multiple of {patch}")
+    if built and built != image_size:
+        raise ValueError(f"{name} is built for {built}-pixel images but the data's are "
+                         f"{image_size} pixels: leave model.options.img_size (image_size) "
+                         f"unset or set it to {image_size}")
+
+
+def _patch_and_input_size(model: nn.Module) -> tuple[int | None, int | None]:
+    """(patch side, the one input side it takes) of a timm or torchvision ViT-like model;
+    None for what it does not have (a CNN: neither)."""
+    embed = getattr(model, "patch_embed", None)
+    if embed is not None and getattr(embed, "patch_size", None):  # timm
+        size = getattr(embed, "img_size", None) if getattr(embed, "strict_img_size", False) else None
+        return embed.patch_size[0], size[0] if size else None
+    if isinstance(getattr(model, "patch_size", None), int):  # torchvision's VisionTransformer
+        return model.patch_size, getattr(model, "image_size", None)
+    return None, None
 
 
 def with_input_channels(model: nn.Module, in_channels: int) -> nn.Module:

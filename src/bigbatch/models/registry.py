@@ -147,15 +147,18 @@ def _validated_options(spec: ModelSpec, options: Mapping[str, Any]) -> dict[str,
     }
 
 
-def create_model(name: str, num_classes: int, in_channels: int = 3, **options: Any) -> nn.Module:
+def create_model(name: str, num_classes: int, in_channels: int = 3, *,
+                 image_size: int | None = None, **options: Any) -> nn.Module:
     """Build the registered model ``name`` for ``num_classes`` outputs and ``in_channels``
     input channels. ``options`` are the model's keyword options (see ``model_spec(name).options``);
-    an unknown option or one of the wrong type raises ValueError naming it and the model."""
+    an unknown option or one of the wrong type raises ValueError naming it and the model.
+    ``image_size``, the side of the images it will see, sizes a timm:/torchvision: vision
+    transformer (bigbatch.models.external.create); the registered models take any size."""
     spec = model_spec(name)
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     if external.split_name(name):
-        return spec.builder(num_classes, in_channels, **options)
+        return spec.builder(num_classes, in_channels, image_size, **options)
     return spec.builder(num_classes, in_channels, **_validated_options(spec, options))
