@@ -152,7 +152,8 @@ def _patch_and_input_size(model: nn.Module) -> tuple[int | None, int | None]:
     None for what it does not have (a CNN: neither)."""
     embed = getattr(model, "patch_embed", None)
     if embed is not None and getattr(embed, "patch_size", None):  # timm
-        size = getattr(embed, "img_size", None) if getattr(embed, "strict_img_size", False) else None
+        strict = getattr(embed, "strict_img_size", False)
+        size = getattr(embed, "img_size", None) if strict else None
         return embed.patch_size[0], size[0] if size else None
     if isinstance(getattr(model, "patch_size", None), int):  # torchvision's VisionTransformer
         return model.patch_size, getattr(model, "image_size", None)
