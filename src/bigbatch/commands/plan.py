@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from bigbatch.errors import ConfigError
 from bigbatch.tools.plan.network import TOPOLOGIES
 from bigbatch.tools.plan.paper import paper_predictions, paper_record
 from bigbatch.tools.plan.presets import (
@@ -119,6 +120,19 @@ def add_report_options(command: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the paper's configurations next to their reported times",
     )
+    command.add_argument(
+        "--published",
+        action="store_true",
+        help="published runs (MLPerf ResNet-50, large-batch records, the paper's) next to the "
+        "planner's prediction of each (src/bigbatch/tools/plan/published.json)",
+    )
+    command.add_argument(
+        "--published-input",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --published: replace one of the data file's inputs (e.g. kernel_floor_s=0)",
+    )
     command.add_argument("--list-presets", action="store_true", help="list hardware presets")
     command.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -127,6 +141,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.list_presets:
         print(json.dumps(list_presets(), indent=2) if args.json else format_presets())
         return 0
+    if args.published:
+        return run_published(args)
     if args.paper:
         predictions = paper_predictions(args.overlap, args.ideal_device)
         if args.json:
@@ -136,4 +152,27 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     plan = build_plan(args)
     print(json.dumps(plan, indent=2) if args.json else "\n".join(plan["text"]))
+    return 0
+
+
+def parse_inputs(items: list[str]) -> dict[str, float]:
+    """KEY=VALUE pairs of --published-input, the values numbers."""
+    changes = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            changes[key] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise ConfigError(f"--published-input wants KEY=NUMBER, got '{item}'")
+    return changes
+
+
+def run_published(args: argparse.Namespace) -> int:
+    from bigbatch.tools.plan.published import published_predictions
+    from bigbatch.tools.plan.report import format_published
+
+    result = published_predictions(parse_inputs(args.published_input))
+    print(json.dumps(result, indent=2) if args.json else "\n".join(format_published(result)))
     return 0

@@ -13,8 +13,6 @@ from bigbatch.tools.plan.presets import (
     HardwarePreset,
 )
 
-TOPOLOGIES = ("ring", "tree")
-
 
 def ring_allreduce_seconds(nbytes: float, p: int, alpha: float, beta: float) -> float:
     """Ring all-reduce: 2(p-1) steps of alpha, each link carrying 2(p-1)/p of the message."""
@@ -28,6 +26,22 @@ def tree_allreduce_seconds(nbytes: float, p: int, alpha: float, beta: float) -> 
     if p <= 1:
         return 0.0
     return 2 * math.log2(p) * (alpha + nbytes * beta)
+
+
+def pipelined_tree_allreduce_seconds(nbytes: float, p: int, alpha: float, beta: float) -> float:
+    """A tree fed in small chunks (NCCL's double binary tree; in-network reduction does no
+    worse): the latency of 2 ceil(log2 p) hops, the bandwidth term of a ring, 2 n beta."""
+    if p <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(p)) * alpha + 2 * nbytes * beta
+
+
+ALGORITHMS = {
+    "ring": ring_allreduce_seconds,
+    "tree": tree_allreduce_seconds,
+    "pipelined-tree": pipelined_tree_allreduce_seconds,
+}
+TOPOLOGIES = tuple(ALGORITHMS)
 
 
 @dataclass(frozen=True)
@@ -72,9 +86,7 @@ def allreduce_seconds(nbytes: float, p: int, network: Network) -> float:
     per_node = min(network.devices_per_node, p)
     nodes = math.ceil(p / per_node)
     inside = ring_allreduce_seconds(nbytes, per_node, network.intra_alpha, network.intra_beta)
-    across = (ring_allreduce_seconds if network.topology == "ring" else tree_allreduce_seconds)(
-        nbytes, nodes, network.alpha, network.beta
-    )
+    across = ALGORITHMS[network.topology](nbytes, nodes, network.alpha, network.beta)
     return inside + across
 
 

@@ -336,3 +336,50 @@ def format_presets() -> str:
             lines.append(f"    {model}: {figure.value:g} images/s{flag} ({figure.source})")
         lines.append(f"  network: {format_network(network_from_preset(preset))}")
     return "\n".join(lines)
+
+
+def format_batches(values: list[float]) -> str:
+    return " -> ".join(f"{value:,.0f}" for value in values)
+
+
+def published_mark(row: dict) -> str:
+    if row.get("calibration"):
+        return "calibration"
+    if row["in_band"]:
+        return "ok"
+    return "MISS (cause in the data file)" if row["known_miss"] else "MISS, NO CAUSE RECORDED"
+
+
+def format_published(result: dict) -> list[str]:
+    """The table of ``bigbatch plan --published``: one line per run, then the checks."""
+    header = (
+        f"{'run':44} {'hardware':16} {'devices':>7} {'global batch':>16} {'per device':>10} "
+        f"{'epochs':>6} {'published':>9} {'predicted':>9} {'ratio':>5}  band"
+    )
+    lines = [header]
+    for row in result["rows"]:
+        lines.append(
+            f"{row['label'][:44]:44} {row['hardware']:16} {row['devices']:>7,} "
+            f"{format_batches(row['global_batch']):>16} "
+            f"{format_batches(row['per_device_batch']):>10} {row['epochs']:>6.4g} "
+            f"{row['published_minutes']:>7.4g} m {row['predicted_minutes']:>7.4g} m "
+            f"{row['ratio']:>5.2f}  {row['band'][0]:.2f}-{row['band'][1]:.2f} {published_mark(row)}"
+        )
+    check, fitted = result["speedup"], result["calibration"]
+    lines += [
+        "",
+        f"speed-up {check['from']} -> {check['to']}: published {check['published']:.1f}x, "
+        f"predicted {check['predicted']:.1f}x, ratio {check['ratio']:.2f} "
+        f"({'ok' if check['in_band'] else 'MISS'}, band {check['low']:.2f}-{check['high']:.2f})",
+        f"fitted constant {fitted['constant']} = {fitted['value']:.3f} (on {fitted['run']} only): "
+        f"{fitted['about']}",
+    ]
+    misses = [row for row in result["rows"] if row["known_miss"]]
+    for row in misses:
+        lines += ["", f"miss, {row['label']} (ratio {row['ratio']:.2f}): {row['known_miss']}"]
+    lines += ["", "inputs (label: value, source):"]
+    for where, item in result["inputs"].items():
+        record = f"; record {item['record']}" if item.get("record") else ""
+        value = item.get("value", item.get("images_per_second", item.get("scaled_from")))
+        lines.append(f"  {where} [{item['label']}]: {value}{record}; {item['source']}")
+    return lines
