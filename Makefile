@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup setup-dev data train test test-slurm test-fast bench lint clean
+.PHONY: setup setup-dev data train test test-slurm test-fast bench lint docs clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -52,6 +52,11 @@ test-slurm: setup-dev data
 
 test-fast: setup-dev
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
+
+# The results tables of README.md and docs/*.md, drawn afresh from docs/results (standard library
+# only); tests/test_docs_render.py fails when they differ.
+docs:
+	$(PYTHON) benchmarks/render_docs.py
 
 lint: setup-dev
 	$(BIN)/ruff check src tests benchmarks

@@ -138,6 +138,7 @@ def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_model(),
         "cores_available": available_cores(),
+        "cpu_avx512": "avx512f" in flags,
         "cpu_native_bf16": cpu_has_native_bf16(flags),
         "cpu_amx": "amx_tile" in flags,
         "torch_threads": torch.get_num_threads(),
@@ -210,9 +211,21 @@ def report(name: str, record: Mapping[str, Any], save: bool, indent: int | None 
 
 
 def append_result(name: str, record: Mapping[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
-    """Append ``record`` as one JSON line to results_dir/<name>.jsonl; returns the path."""
+    """Append ``record`` as one JSON line to results_dir/<name>.jsonl, with what a reader needs to
+    place it (:func:`with_machine`); returns the path."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.jsonl"
     with path.open("a") as file:
-        file.write(json.dumps(record, sort_keys=False) + "\n")
+        file.write(json.dumps(with_machine(record), sort_keys=False) + "\n")
     return path
+
+
+def with_machine(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with a ``machine`` entry holding every field of :func:`machine_info` (CPU model,
+    AVX-512, native bf16, GPU, commit marked dirty, load, torch version): the record's own
+    values are kept, the missing ones filled in now."""
+    machine = dict(record.get("machine") or {})
+    device = machine.get("device", "cuda" if machine.get("gpu") else "cpu")
+    for key, value in machine_info(device).items():
+        machine.setdefault(key, value)
+    return {**record, "machine": machine}

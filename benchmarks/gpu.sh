@@ -104,6 +104,8 @@ import json, statistics, sys
 name, folder, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3])
 records = [json.loads(line) for line in open(f"{folder}/metrics.jsonl")]
 train = [r for r in records if r["kind"] == "train"]
+resets = [i for i in range(1, len(train)) if train[i]["step"] <= train[i - 1]["step"]]
+train = train[resets[-1]:] if resets else train  # the last try only, when a failed one left lines
 steps = [r for r in train if r["step"] > warmup] or train  # a run shorter than the warm-up
 rate = statistics.median(r["images_per_second"] for r in steps)
 evals = [r for r in records if r["kind"] == "eval"]

@@ -1,0 +1,351 @@
+"""The results tables of README.md and docs/*.md, each drawn from its record under docs/results/.
+
+Every table is a function of the results folder that returns Markdown, registered in
+:data:`TABLES` under the name its marker uses (``<!-- table:NAME -->`` … ``<!-- /table:NAME -->``,
+rendered by render_docs.py). To add one: write ``def my_table(results: Path) -> str``, decorate it
+with ``@table("my-table")`` and put the two markers where it goes. Figures are printed with the
+statistics of figures.py only; a missing record raises figures.NoRecord ("no record yet").
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from figures import (
+    NoRecord,
+    commits_text,
+    duration_runs_text,
+    loads_text,
+    machine_label,
+    ratio_text,
+    read_json,
+    read_jsonl,
+    runs_text,
+)
+
+Table = Callable[[Path], str]
+TABLES: dict[str, Table] = {}
+
+
+def table(name: str) -> Callable[[Table], Table]:
+    def register(function: Table) -> Table:
+        TABLES[name] = function
+        return function
+    return register
+
+
+def markdown(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def grouped(records: Iterable[dict], key: Callable[[dict], Any]) -> dict[Any, list[dict]]:
+    """Records grouped by ``key``, groups and records in file order."""
+    groups: dict[Any, list[dict]] = {}
+    for record in records:
+        groups.setdefault(key(record), []).append(record)
+    return groups
+
+
+# ----------------------------------------------------------------------------- default recipe
+
+SEEDS = "default_recipe/seeds.jsonl"
+
+
+def recipe_run_key(record: dict) -> tuple:
+    """Runs of one configuration on one machine: steps, processes, overrides, ISA held, machine."""
+    return (record["steps"], record.get("world_size", 1), tuple(record.get("overrides", ())),
+            bool(record.get("kernels_held_to_avx2")), machine_label(record["machine"]))
+
+
+def recipe_machine(key: tuple) -> str:
+    return key[4] + (", kernels held to AVX2, fp32" if key[3] else "")
+
+
+def recipe_row(key: tuple, runs: list[dict]) -> list[str]:
+    memory = [r["peak_pss_mib_all_processes"] / 1024 for r in runs
+              if "peak_pss_mib_all_processes" in r]
+    return [f"{key[0]} steps, {key[1]} process(es)" + (f", {', '.join(key[2])}" if key[2] else ""),
+            recipe_machine(key), runs_text([r["top1"] for r in runs], unit="%"),
+            duration_runs_text([r["wall_seconds"] for r in runs]),
+            runs_text(memory, unit=" GiB") if memory else "not recorded",
+            f"{loads_text(runs)}; {commits_text(runs)}"]
+
+
+def shipped_recipe_groups(results: Path) -> dict[tuple, list[dict]]:
+    """The latest group of runs of the recipe as shipped (no overrides), per ISA setting."""
+    groups = grouped(read_jsonl(results / SEEDS), recipe_run_key)
+    latest: dict[bool, tuple] = {}
+    for key in groups:
+        if not key[2]:
+            latest[key[3]] = key
+    return {key: groups[key] for key in latest.values()}
+
+
+@table("default-recipe-runs")
+def default_recipe_runs(results: Path) -> str:
+    groups = grouped(read_jsonl(results / SEEDS), recipe_run_key)
+    return markdown(["runs of", "machine", "top-1", "wall time of the command",
+                     "memory, all processes (PSS)", "load; commits"],
+                    (recipe_row(key, runs) for key, runs in groups.items()))
+
+
+# ----------------------------------------------------------------------------- optimizer step
+
+def step_key(record: dict) -> tuple:
+    machine = record["machine"]
+    kernels = bool(record.get("lars_kernel")) and bool(record.get("lamb_kernel"))
+    torch = machine.get("torch") or machine.get("versions", {}).get("torch")
+    return (machine_label(machine), machine.get("device", "cpu"), kernels, torch)
+
+
+STEP_RATIOS = (("lars/sgd_fused", "LARS / `SGD(fused=True)`"),
+               ("lamb/adamw_fused", "LAMB / `AdamW(fused=True)`"),
+               ("lars/timm_lars", "LARS / timm `Lars`"))
+
+
+def step_groups(results: Path) -> dict[tuple, list[dict]]:
+    """Runs with both compiled kernels (the path `pip install` builds), per machine."""
+    groups = grouped(read_jsonl(results / "lars_step.jsonl"), step_key)
+    return {key: runs for key, runs in groups.items() if key[2]}
+
+
+def step_rows(results: Path) -> Iterable[list[str]]:
+    for key, runs in step_groups(results).items():
+        for name, label in STEP_RATIOS:
+            per_run = [r["ratios"][name]["median_paired"] for r in runs if name in r["ratios"]]
+            if per_run:
+                yield [label, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
+                       f"{loads_text(runs)}; {commits_text(runs)}"]
+
+
+@table("optimizer-step")
+def optimizer_step(results: Path) -> str:
+    return markdown(["step time, ResNet-50's parameters", "ratio", "machine", "load; commits"],
+                    step_rows(results))
+
+
+# ----------------------------------------------------------------------------- input pipeline
+
+PIPELINES = (("imagefolder_fast_decode_uint8", "ImageFolder JPEG pipeline, uint8 batches"),
+             ("packed_raw", "packed raw shards"),
+             ("packed_jpeg_uint8", "packed JPEG shards, uint8 batches"),
+             ("webdataset_jpeg_uint8", "WebDataset shards, uint8 batches"))
+
+
+def pipeline_ratio(record: dict, name: str) -> float | None:
+    """A run's ratio to torchvision's ImageFolder: the median of the paired per-round ratios
+    where the run kept its rounds, else the ratio the run recorded (of its medians)."""
+    rounds = record.get("images_per_s_rounds", {})
+    if name in rounds:
+        return statistics.median(a / b for a, b in zip(rounds[name],
+                                                       rounds["torchvision_imagefolder"],
+                                                       strict=True))
+    return record["speedup_vs_torchvision"].get(name)
+
+
+@table("input-pipeline")
+def input_pipeline(results: Path) -> str:
+    records = read_jsonl(results / "input_pipeline.jsonl")
+    rows = []
+    for name, label in PIPELINES:
+        runs = [r for r in records if pipeline_ratio(r, name) is not None]
+        if runs:
+            rows.append([label, ratio_text([pipeline_ratio(r, name) for r in runs]),
+                         ", ".join(sorted({machine_label(r["machine"]) for r in runs})),
+                         loads_text(runs)])
+    return markdown(["images/s per core / torchvision ImageFolder", "ratio", "machine", "load"],
+                    rows)
+
+
+# ----------------------------------------------------------------------------- engine overhead
+
+@table("engine-overhead")
+def engine_overhead(results: Path) -> str:
+    records = [r for r in read_jsonl(results / "train_throughput.jsonl")
+               if r.get("suite") == "overhead"]
+    if not records:
+        raise NoRecord("train_throughput.jsonl: no overhead runs")
+    groups = grouped(records, lambda r: (r["workload"], r["global_batch"],
+                                         r["options"]["precision"], r["options"]["channels_last"],
+                                         machine_label(r["machine"])))
+    rows = [[f"{key[0]}, batch {key[1]}, {key[2]}" + (", channels_last" if key[3] else ""),
+             ratio_text([r["ratio_to_plain_loop"]["engine"]["median_paired"] for r in runs],
+                        digits=3),
+             key[4], f"{loads_text(runs)}; {commits_text(runs)}"] for key, runs in groups.items()]
+    return markdown(["engine / plain PyTorch loop, same objects", "ratio", "machine",
+                     "load; commits"], rows)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+@table("gpu")
+def gpu(results: Path) -> str:
+    rows = []
+    for entry in read_json(results / "gpu" / "summary.json"):
+        for name, run in entry["runs"].items():
+            speed = run["images_per_second"]
+            rows.append([name, runs_text(speed["runs"], digits=0),
+                         f"one {entry['gpu']}, torch {', '.join(entry['torch'])}",
+                         ", ".join(sorted(set(entry["commits"])))])
+    return markdown(["workload (`benchmarks/gpu.sh`)", "images/s", "machine", "commits"], rows)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+SERIES = {"sgd": "SGD + linear scaling + warmup", "nesterov": "Nesterov SGD",
+          "lars-paper": "LARS, every tensor (the paper's)",
+          "lars-mlperf": "LARS, BN and bias excluded (MLPerf's)", "lars": "LARS", "lamb": "LAMB"}
+
+
+def sweep_best(results: Path, folder: str) -> tuple[list, list[str], list[int]]:
+    best = read_json(results / folder / "sweep.json")["best"]
+    series = list(dict.fromkeys(point["optimizer"] for point in best))
+    batches = sorted({point["batch"] for point in best})
+    return best, series, batches
+
+
+def best_cell(point: dict | None) -> str:
+    if point is None or point.get("best_top1") is None:
+        return "—"
+    return f"{point['best_top1']:.2f}" + (" (best LR at its grid's edge)"
+                                          if point.get("best_at_edge") else "")
+
+
+def sweep_table(results: Path, folder: str) -> str:
+    best, series, batches = sweep_best(results, folder)
+    at = {(p["batch"], p["optimizer"]): p for p in best}
+    rows = [[batch, next(p["steps"] for p in best if p["batch"] == batch),
+             *(best_cell(at.get((batch, name))) for name in series)] for batch in batches]
+    return markdown(["batch", "steps", *(SERIES.get(name, name) for name in series)], rows)
+
+
+def sweep_seeds_table(results: Path, folder: str) -> str:
+    best, _, _ = sweep_best(results, folder)
+    rows = [[point["batch"], SERIES.get(point["optimizer"], point["optimizer"]),
+             ", ".join(seeds["top1"]), runs_text(list(seeds["top1"].values()), unit="%")]
+            for point in best if (seeds := point.get("seeds"))]
+    if not rows:
+        raise NoRecord(f"{folder}/sweep.json: no seed reruns")
+    return markdown(["batch", "series", "seeds", "top-1 at the best LR"], rows)
+
+
+@table("batch-scaling-20ep")
+def batch_scaling_20ep(results: Path) -> str:
+    return sweep_table(results, "batch_scaling_20ep")
+
+
+@table("batch-scaling-20ep-seeds")
+def batch_scaling_20ep_seeds(results: Path) -> str:
+    return sweep_seeds_table(results, "batch_scaling_20ep")
+
+
+@table("batch-scaling-90ep")
+def batch_scaling_90ep(results: Path) -> str:
+    return sweep_table(results, "batch_scaling_90ep")
+
+
+# ----------------------------------------------------------------------------- reliability
+
+@table("cluster-faults")
+def cluster_faults(results: Path) -> str:
+    records = read_jsonl(results / "cluster_faults.jsonl")
+    return markdown(["scenario", "nodes", "steps", "restarts", "detected in", "recovered in",
+                     "bit-identical", "machine", "commit"],
+                    ([r["scenario"], r["nodes"], r["steps"], r["restarts"],
+                      f"{r['detect_seconds']:.1f} s", f"{r['recover_seconds']:.1f} s",
+                      "yes" if r["bit_identical"] else "no", r["machine"], r["commit"]]
+                     for r in records))
+
+
+# ----------------------------------------------------------------------------- README headline
+
+def headline_recipe_rows(results: Path) -> Iterable[list[str]]:
+    for key, runs in shipped_recipe_groups(results).items():
+        yield ["`bigbatch train` (default recipe): top-1, wall time",
+               f"{runs_text([r['top1'] for r in runs], unit='%')}; "
+               f"{duration_runs_text([r['wall_seconds'] for r in runs])}",
+               recipe_machine(key), f"[seeds.jsonl](docs/results/{SEEDS})"]
+
+
+def headline_step_rows(results: Path) -> Iterable[list[str]]:
+    """The optimizer-step ratios of the machine that measured last."""
+    groups = step_groups(results)
+    key = next(key for key in reversed(groups) if key[1] == "cpu")
+    for name, label in STEP_RATIOS[:2]:
+        yield [f"{label} step, ResNet-50's parameters",
+               ratio_text([r["ratios"][name]["median_paired"] for r in groups[key]]),
+               f"{key[0]}, torch {key[3]}", "[lars_step.jsonl](docs/results/lars_step.jsonl)"]
+
+
+def headline_gpu_rows(results: Path) -> Iterable[list[str]]:
+    for entry in read_json(results / "gpu" / "summary.json"):
+        for name, run in entry["runs"].items():
+            if name.startswith("resnet50"):
+                yield [f"ResNet-50 images/s, batch 256, {name[len('resnet50 '):]}",
+                       runs_text(run["images_per_second"]["runs"], digits=0),
+                       f"one {entry['gpu']}", "[summary.json](docs/results/gpu/summary.json)"]
+
+
+def headline_sweep_rows(results: Path) -> Iterable[list[str]]:
+    best, _, _ = sweep_best(results, "batch_scaling_20ep")
+    machine = read_json(results / "batch_scaling_20ep" / "sweep.json")["machine"]
+    for point in best:
+        if point.get("seeds") and point["batch"] == max(p["batch"] for p in best if p["seeds"]):
+            yield [f"20-epoch study, batch {point['batch']}: "
+                   f"{SERIES.get(point['optimizer'], point['optimizer'])}, top-1",
+                   runs_text(list(point["seeds"]["top1"].values()), unit="%"),
+                   f"{machine_label(machine)}, {machine.get('torch_threads')} thread(s)",
+                   "[sweep.json](docs/results/batch_scaling_20ep/sweep.json)"]
+
+
+@table("headline")
+def headline(results: Path) -> str:
+    rows = [*headline_recipe_rows(results), *headline_sweep_rows(results),
+            *headline_step_rows(results), *headline_gpu_rows(results)]
+    return markdown(["measurement", "median (range, runs)", "machine", "record"], rows)
+
+
+# ----------------------------------------------------------------------------- 20-epoch verdict
+
+EXPECTATIONS = (("e1", "LARS ≥ SGD at every batch ≥ 2048"),
+                ("e2", "LARS ≥ SGD + 3 points at every batch ≥ 8192"),
+                ("e3", "LARS within 1 point of the small-batch baseline up to the batch whose "
+                       "steps per epoch match ImageNet's at 32K"))
+
+
+def verdict_cell(checks: list[dict], key: str) -> str:
+    judged = [check for check in checks if check[key] is not None]
+    failed = [str(check["batch"]) for check in judged if not check[key]]
+    if not judged:
+        return "not judged"
+    return f"**fails** at batch {', '.join(failed)}" if failed else "holds"
+
+
+@table("batch-scaling-20ep-verdict")
+def batch_scaling_20ep_verdict(results: Path) -> str:
+    verdict = read_json(results / "batch_scaling_20ep" / "verdict.json")[0]
+    series = grouped(verdict["checks"], lambda check: check["series"])
+    return markdown(["the paper's expectation", *(SERIES.get(name, name) for name in series)],
+                    ([text, *(verdict_cell(checks, key) for checks in series.values())]
+                     for key, text in EXPECTATIONS))
+
+
+# ----------------------------------------------------------------------------- precise BN
+
+@table("precise-bn")
+def precise_bn(results: Path) -> str:
+    record = read_json(results / "precise_bn" / "gap.json")
+    rows = []
+    for name, run in record["runs"].items():
+        leads = [e["top1"] - e["trained_top1"] for e in run["evaluations"]]
+        rows.append([name.removeprefix("seed"), run["steps"], f"{run['top1_as_trained']:.2f}%",
+                     f"{run['top1_recomputed']:.2f}%",
+                     f"{min(leads):.1f} to {max(leads):.1f} points at {len(leads)} evaluations"])
+    return markdown(["seed", "steps", "final top-1 as trained", "with recomputed statistics",
+                     "recomputed − as trained"], rows) + \
+        f"\n\n{machine_label(record['machine'])}; `{record['command']}`"
