@@ -136,3 +136,24 @@ def test_the_flag_sets_the_key():
     args = build_parser().parse_args(["train", "--local-processes", "2"])
     assert resolve_config(values=values_from_flags(args)).local_processes == "2"
     assert resolve_config().local_processes == "auto"  # the default recipe's
+
+
+@pytest.mark.parametrize(("overrides", "environ", "expected"), [
+    # local_processes auto: cores / ranks, in place of an OMP_NUM_THREADS set for one process
+    (["local_processes=auto"], {"OMP_NUM_THREADS": "2"}, (1, ["OMP_NUM_THREADS=2 from the "
+     "environment replaced by 1 per rank (2 ranks on 2 cores, local_processes: auto)"])),
+    (["local_processes=auto"], {}, (1, [])),
+    # a count: the environment's OMP_NUM_THREADS holds, and oversubscription is said
+    (["local_processes=2"], {"OMP_NUM_THREADS": "2,1"}, (2, ["2 training processes x 2 "
+     "intra-op threads on 2 cores oversubscribe them (steps can be several times slower): "
+     "set threads=1 or local_processes=auto"])),
+    (["local_processes=2"], {"OMP_NUM_THREADS": "junk"}, (1, [])),
+    # threads: what each rank runs with, whatever the environment says
+    (["local_processes=auto", "threads=3"], {"OMP_NUM_THREADS": "1"}, (3, ["2 training "
+     "processes x 3 intra-op threads on 2 cores oversubscribe them (steps can be several times "
+     "slower): set threads=1 or local_processes=auto"])),
+])
+def test_threads_per_rank_fill_the_cores_and_oversubscription_is_said(overrides, environ,
+                                                                      expected):
+    cfg = resolve_config(overrides=overrides)
+    assert local_launch.threads_per_rank(cfg, 2, environ=environ, cores=2) == expected

@@ -9,11 +9,12 @@ second of one process with two threads in bf16, and 1.12x in fp32 with the kerne
 define the run whatever W is (bigbatch.geometry), so this changes the speed, not the recipe.
 
 ``local_processes: N`` starts N ranks here with the variables torchrun gives its workers (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, unless already set,
-OMP_NUM_THREADS = cores // N. ``auto``: as many as there are usable cores, lowered to a divisor
-of the micro-batches per global step (B / b), where no GPU is visible (where one is: 1; start
-one process per GPU with torchrun). Under torchrun or SLURM (even a one-task SLURM job: its
-cores are the task's), the launcher decides and the setting is ignored.
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and OMP_NUM_THREADS, the
+intra-op threads of each rank (:func:`threads_per_rank`). ``auto``: as many as there are usable
+cores, lowered to a divisor of the micro-batches per global step (B / b), where no GPU is
+visible (where one is: 1; start one process per GPU with torchrun). Under torchrun or SLURM
+(even a one-task SLURM job: its cores are the task's), the launcher decides and the setting is
+ignored.
 
 This process becomes rank 0 and starts ranks 1..N-1 as child processes in its process group (a
 terminal's Ctrl-C and SLURM's signals reach them all); a preemption signal sent to this process
@@ -58,21 +59,61 @@ def local_processes(cfg: RunConfig, environ: dict[str, str] | None = None) -> in
     return max(w for w in range(1, available_cores() + 1) if per_step % w == 0)
 
 
-def start_local_ranks(argv: list[str], processes: int) -> list[subprocess.Popen]:
+def threads_per_rank(cfg: RunConfig, processes: int, environ: dict[str, str] | None = None,
+                     cores: int | None = None) -> tuple[int, list[str]]:
+    """The intra-op threads each of ``processes`` ranks here runs with, and the lines to say
+    about them at start-up.
+
+    ``threads`` where set; else with ``local_processes: auto`` cores // processes, in place of an
+    OMP_NUM_THREADS from the environment (set for one process: on a cluster often the node's or
+    the task's cores); else OMP_NUM_THREADS where set, else cores // processes. More threads in
+    all than cores is said in one line: OpenMP threads wait for descheduled ones at every
+    operator, and steps slow down several-fold.
+    """
+    env = os.environ if environ is None else environ
+    cores = available_cores() if cores is None else cores
+    share = max(1, cores // processes)
+    inherited = _leading_int(env.get("OMP_NUM_THREADS", ""))
+    lines = []
+    if cfg.threads is not None:
+        threads = cfg.threads
+    elif cfg.local_processes == "auto" or inherited is None:
+        threads = share
+        if inherited is not None and inherited != share:
+            lines.append(f"OMP_NUM_THREADS={inherited} from the environment replaced by {share} "
+                         f"per rank ({processes} ranks on {cores} cores, local_processes: auto)")
+    else:
+        threads = inherited
+    if threads * processes > cores:
+        lines.append(f"{processes} training processes x {threads} intra-op threads on {cores} "
+                     f"cores oversubscribe them (steps can be several times slower): set "
+                     f"threads={share} or local_processes=auto")
+    return threads, lines
+
+
+def _leading_int(value: str) -> int | None:
+    """OMP_NUM_THREADS's first level ("4" or "4,2"), None where unset or not a positive number."""
+    head = value.split(",")[0].strip()
+    return int(head) if head.isdigit() and int(head) > 0 else None
+
+
+def start_local_ranks(argv: list[str], processes: int, cfg: RunConfig) -> list[subprocess.Popen]:
     """Make this process rank 0 of a ``processes``-rank job on this machine and start the other
     ranks, each running ``bigbatch argv``; return them, for :func:`finish_local_ranks`."""
     import torch
 
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // processes)))
-    log.info("starting %d training processes on this machine, %s intra-op thread(s) each "
-             "(local_processes)", processes, env["OMP_NUM_THREADS"])
+    threads, lines = threads_per_rank(cfg, processes)
+    for line in lines:
+        log.warning("%s", line)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log.info("starting %d training processes on this machine, %d intra-op thread(s) each "
+             "(local_processes)", processes, threads)
     port = free_port()
     ranks = [subprocess.Popen([sys.executable, "-m", "bigbatch", *argv],
                               env={**env, **rank_env(rank, processes, port)})
              for rank in range(1, processes)]
     os.environ.update(rank_env(0, processes, port))
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    torch.set_num_threads(threads)
     return ranks
 
 

@@ -119,7 +119,7 @@ def run_train(args: argparse.Namespace) -> int:
     processes = local_processes(cfg)
     if processes == 1:
         return train_here(cfg)
-    ranks = start_local_ranks(args.argv, processes)
+    ranks = start_local_ranks(args.argv, processes, cfg)
     try:
         code = train_here(cfg)
     except (UserError, KeyboardInterrupt):  # one line, or "interrupted", once the ranks ended
