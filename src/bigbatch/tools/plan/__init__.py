@@ -4,6 +4,7 @@
     bigbatch plan --model resnet50 --epochs 90 --target-minutes 30 --preset a100-dgx
     bigbatch plan --model resnet18 --device-images-per-second 300 --allreduce-json ar.json
     bigbatch plan --paper
+    bigbatch plan --published
 
 The model (You et al., "ImageNet Training in Minutes", ICPP 2018: computation scales
 with the images, communication with the parameters) for a global batch B on p devices:
@@ -35,5 +36,9 @@ Not modelled: data loading, stragglers, contention in the network core, and the 
 fraction of nominal link rates (the all-reduce uses them as they are).
 
 Modules: network (all-reduce cost), workload (step model), stats (model size, device
-throughput), paper (the published runs), presets (hardware and paper figures), report (text/JSON).
+throughput), paper (the paper's runs), presets (hardware and paper figures), report (text/JSON).
+``bigbatch plan --published`` sets a finer model against published runs (MLPerf, the large-batch
+records): published (the data file published.json and its labelled inputs), prediction (the run
+model and its one fitted constant), curve (a device's step time t0 + b c), layers (kernels and
+memory-bound bytes per image).
 """
