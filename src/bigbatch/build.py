@@ -113,8 +113,6 @@ def optimizer_for(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     )
 
 
-PRECISIONS = ("fp32", "bf16", "auto")  # auto: bf16 where the hardware has native bf16
-
 # CPU flags of hardware bf16 dot products (AVX512-BF16, AMX); without them bf16 is emulated.
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 

@@ -300,10 +300,35 @@ def load_config_file(path: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- validation
 
 
+# Named choices whose lists belong with the config (the components that implement them import
+# these): the precision (auto: bf16 where the hardware has native bf16) and what to do on a
+# non-finite loss or gradient.
+PRECISIONS = ("fp32", "bf16", "auto")
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+# Fields that may be 0 but not negative.
+NON_NEGATIVE = (
+    "optim.weight_decay",
+    "optim.trust_coefficient",
+    "optim.eps",
+    "schedule.end_lr",
+    "schedule.warmup_epochs",
+    "schedule.warmup_start_lr",
+    "checkpoint.every_steps",
+    "checkpoint.every_minutes",
+    "max_skipped_steps",
+    "seed",
+    "log.progress_every_steps",
+    "log.progress_every_seconds",
+    "eval.bn_recompute",
+)
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Check every value that can be checked without data; raise ConfigError on the first.
-    The named choices come last: their lists live in modules that import torch (seconds), so a
-    wrong number fails before that."""
+    The named choices come last: most of their lists live in modules that import torch
+    (seconds), so a wrong number fails before that."""
     _check_positive("epochs", cfg.epochs)
     _check_positive("global_batch", cfg.global_batch)
     _check_positive("micro_batch", cfg.micro_batch)
@@ -320,34 +345,27 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_range("resize.finetune_fraction", cfg.resize.finetune_fraction, 0.0, 1.0,
                  upper_open=False)
     _check_positive("resize.multiple_of", cfg.resize.multiple_of)
-    for name in (
-        "optim.weight_decay",
-        "optim.trust_coefficient",
-        "optim.eps",
-        "schedule.end_lr",
-        "schedule.warmup_epochs",
-        "schedule.warmup_start_lr",
-        "checkpoint.every_steps",
-        "checkpoint.every_minutes",
-        "max_skipped_steps",
-        "seed",
-        "log.progress_every_steps",
-        "log.progress_every_seconds",
-        "eval.bn_recompute",
-    ):
+    for name in NON_NEGATIVE:
         _check_non_negative(name, _get_dotted(cfg, name))
     if cfg.threads is not None:
         _check_positive("threads", cfg.threads)
-    _check_local_processes(cfg)
+    _check_geometry(cfg)
     if cfg.eval.bn_recompute and cfg.sync_bn:
         raise ConfigError("eval.bn_recompute runs micro-batches on each process alone; it "
                           "cannot be combined with sync_bn=true")
-    BatchGeometry(cfg.global_batch, cfg.micro_batch)  # raises if B is not a multiple of b
     if cfg.schedule.warmup_epochs > cfg.epochs:
         raise ConfigError(
             f"schedule.warmup_epochs ({cfg.schedule.warmup_epochs}) is longer than the run "
             f"({cfg.epochs} epochs); lower --warmup-epochs"
         )
+    _check_data(cfg)
+    if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
+        raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
+    _check_choices(cfg)
+    return cfg
+
+
+def _check_data(cfg: RunConfig) -> None:
     if cfg.data.train_subset is not None and cfg.data.train_subset < cfg.global_batch:
         raise ConfigError(
             f"--train-subset {cfg.data.train_subset} is smaller than the global batch "
@@ -359,31 +377,24 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_positive("data.val_subset", cfg.data.val_subset)
     if cfg.data.name in ("imagefolder", "packed", "webdataset") and not cfg.data.path:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
-    if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
-        raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")
-    _check_choices(cfg)
-    return cfg
 
 
-def _check_local_processes(cfg: RunConfig) -> None:
-    """'auto' or a number of ranks that divides the micro-batches of a global step."""
+def _check_geometry(cfg: RunConfig) -> None:
+    """The batch geometry, built once: B a multiple of b, times the local processes where
+    ``local_processes`` is a number ('auto' picks a count that divides)."""
     value = cfg.local_processes
-    if value == "auto":
-        return
-    if not value.isdigit() or int(value) < 1:
+    if value != "auto" and (not value.isdigit() or int(value) < 1):
         raise ConfigError(f"'local_processes' must be 'auto' or a positive number, got {value!r}")
-    BatchGeometry(cfg.global_batch, cfg.micro_batch, int(value))  # raises if it does not divide
+    BatchGeometry(cfg.global_batch, cfg.micro_batch, 1 if value == "auto" else int(value))
 
 
 def _check_choices(cfg: RunConfig) -> None:
     """Each named choice against the list its component defines. Imported here, not at the top:
     the components import torch, which the command line needs only once a run starts."""
-    from bigbatch.build import PRECISIONS
     from bigbatch.data import DATASETS, ON_BROKEN
     from bigbatch.distributed import BACKENDS
     from bigbatch.optim import OPTIMIZERS
     from bigbatch.optim.schedule import SCALING_RULES, SCHEDULE_KINDS
-    from bigbatch.train.nonfinite import POLICIES
 
     _check_choice("data.name", cfg.data.name, DATASETS)
     _check_model(cfg.model.name)
@@ -392,7 +403,7 @@ def _check_choices(cfg: RunConfig) -> None:
     _check_choice("optim.lr_scaling", cfg.optim.lr_scaling, SCALING_RULES)
     _check_choice("schedule.kind", cfg.schedule.kind, SCHEDULE_KINDS)
     _check_choice("precision", cfg.precision, PRECISIONS)
-    _check_choice("on_nonfinite", cfg.on_nonfinite, POLICIES)
+    _check_choice("on_nonfinite", cfg.on_nonfinite, NONFINITE_POLICIES)
     _check_choice("backend", cfg.backend, BACKENDS)
 
 

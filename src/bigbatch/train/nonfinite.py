@@ -21,9 +21,6 @@ from bigbatch.distributed import DistContext, barrier
 log = logging.getLogger(__name__)
 
 
-POLICIES = ("stop", "skip")
-
-
 class NonFiniteLoss(RuntimeError):
     """Training stopped on a NaN/Inf loss or gradient."""
 
