@@ -14,8 +14,9 @@ between the nodes made here. Cutting a link sets the switch's end of it down (th
 its own ``eth0`` up, as when a cable or a switch port dies); shaping puts a ``tbf`` qdisc on
 both ends of the link.
 
-A node's processes are started in their own session (process group) and their output goes to a
-file, so freezing (SIGSTOP), thawing and killing reach the agent and all its workers. Leaving the
+A node's processes are started in their own session and their output goes to a file; freezing
+(SIGSTOP), thawing and killing reach the agent and every process below it (its workers run in
+sessions of their own). Leaving the
 ``with`` block — normally, on an error or on SIGTERM — kills every process and deletes every
 namespace and link; a harness that died without cleaning up is cleaned by the next one with the
 same net number (``Cluster.__enter__`` deletes namespaces of its names first).
@@ -181,9 +182,12 @@ class Cluster:
         return folder / name
 
     def _signal(self, index: int, signum: int) -> None:
-        for process in self.node(index).processes:
+        """Signal every process of the node: the agents and all their descendants (torchrun
+        starts its workers in sessions of their own, out of reach of the agent's group)."""
+        pids = [pid for process in self.node(index).processes for pid in descendants(process.pid)]
+        for pid in pids:
             try:
-                os.killpg(process.pid, signum)
+                os.kill(pid, signum)
             except ProcessLookupError:
                 pass
 
@@ -219,6 +223,23 @@ class Cluster:
         for namespace, device in ((node.namespace, INTERFACE), (self.switch, node.port)):
             tc(namespace, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
                "burst", burst, "latency", latency)
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        found.append(current)
+        queue.extend(children.get(current, []))
+    return found
 
 
 def wait_for(condition, timeout: float, interval: float = 0.2, what: str = "a condition"):

@@ -53,15 +53,17 @@ def test_when_all_reached_the_step_the_longest_silent_is_named():
     assert [beat.rank for beat in me.silent(me.heartbeats())] == [1]
 
 
-def test_a_store_that_is_gone_is_said_so():
+def test_a_store_that_is_gone_is_said_so(monkeypatch):
     class Gone:
         def set(self, *args):
             raise RuntimeError("Connection refused")
 
     me = watch(0, 2, Gone())
     me.beat(1)  # the failed write drops the store
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     line = me.failure_line(RuntimeError("Connection closed by peer"), 10.0)
-    assert line.endswith("the rendezvous store cannot be reached either: its host is down")
+    assert line.endswith("the process group's store (10.0.0.1) cannot be reached either: "
+                         "that host is down or cut off")
 
 
 def test_heartbeats_are_throttled_to_the_interval():

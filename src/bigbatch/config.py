@@ -91,6 +91,9 @@ class LogConfig:
     # every M seconds (0 turns either rule off); a terminal gets a progress bar instead.
     progress_every_steps: int = 50
     progress_every_seconds: float = 60.0
+    # Every N global steps the ranks time a 1 MiB ring exchange and their busy time, and a rank
+    # far slower than the others is named (bigbatch.stragglers); 0 turns the probe off.
+    straggler_probe_every_steps: int = 100
 
 
 @dataclass
@@ -321,6 +324,7 @@ NON_NEGATIVE = (
     "seed",
     "log.progress_every_steps",
     "log.progress_every_seconds",
+    "log.straggler_probe_every_steps",
     "eval.bn_recompute",
 )
 

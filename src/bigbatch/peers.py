@@ -128,7 +128,9 @@ class PeerWatch:
                  f"{kind} (collective_timeout {timeout:g} s)")
         beats = self.heartbeats()
         if beats is None:
-            return f"{where}; the rendezvous store cannot be reached either: its host is down"
+            store = os.environ.get("MASTER_ADDR", "its host")
+            return (f"{where}; the process group's store ({store}) cannot be reached either: "
+                    "that host is down or cut off")
         names = ", ".join(
             f"rank {beat.rank} on {beat.host} (last heard at step {beat.step}"
             f"{f', {time.time() - beat.time:.0f} s ago' if beat.time else ''})"

@@ -41,10 +41,11 @@ class ProgressBar:
 
         self.bar = tqdm(total=total, initial=done, unit="step", dynamic_ncols=True)
 
-    def update(self, step: int, result: StepReport) -> None:
+    def update(self, step: int, result: StepReport, note: str = "") -> None:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{result.loss:.3f}", lr=f"{result.lr:.3g}",
-                             img_s=f"{result.examples / result.seconds:.0f}")
+                             img_s=f"{result.examples / result.seconds:.0f}",
+                             **({"note": note} if note else {}))
 
     def close(self) -> None:
         self.bar.close()
@@ -69,7 +70,8 @@ class ProgressLines:
                 or bool(self.every_steps and step % self.every_steps == 0)
                 or bool(self.every_seconds and now - self.last_line >= self.every_seconds))
 
-    def update(self, step: int, result: StepReport) -> None:
+    def update(self, step: int, result: StepReport, note: str = "") -> None:
+        """Count the step; emit the line when due (``note``, e.g. a straggler, at its end)."""
         self.images += result.examples
         self.seconds += result.seconds
         now = self.clock()
@@ -79,7 +81,8 @@ class ProgressLines:
         eta = datetime.timedelta(seconds=round(per_step * (self.total - step)))
         rate = self.images / self.seconds if self.seconds else 0.0
         self.emit(f"step {step}/{self.total} (epoch {step / self.steps_per_epoch:.2f}): "
-                  f"loss {result.loss:.4f}, lr {result.lr:.4g}, {rate:.0f} images/s, ETA {eta}")
+                  f"loss {result.loss:.4f}, lr {result.lr:.4g}, {rate:.0f} images/s, ETA {eta}"
+                  + (f"; {note}" if note else ""))
         self.last_line, self.images, self.seconds = now, 0.0, 0.0
 
     def close(self) -> None:

@@ -50,6 +50,7 @@ from bigbatch.evaluate import evaluate
 from bigbatch.metrics import MetricsLog, RecordSinks
 from bigbatch.peers import PeerLost, PeerWatch, lost_peer, peer_watch
 from bigbatch.precise_bn import PreciseBN, check_count, load_statistics
+from bigbatch.stragglers import straggler_watch
 from bigbatch.threads import intra_op_threads
 from bigbatch.train.faults import fault_hook
 from bigbatch.train.nonfinite import handle_nonfinite
@@ -109,6 +110,8 @@ class Trainer:
         self.cfg, self.ctx = cfg, ctx
         self.peers = peers or peer_watch(ctx, cfg.collective_timeout)
         self.peers.beat(0, force=True)
+        self.stragglers = straggler_watch(ctx, cfg.log.straggler_probe_every_steps,
+                                          self.peers.host)
         self.run_dir = Path(cfg.out)
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
@@ -280,8 +283,10 @@ class Trainer:
         finished = position.step == self.schedule.total_steps
         if position.step % self.cfg.log_every == 0 or finished:
             self.log_step(result)
+        timer = result.timer
+        self.stragglers.after_step(position.step, timer.data + timer.compute + timer.optimizer)
         if self.progress is not None:
-            self.progress.update(position.step, result)
+            self.progress.update(position.step, result, self.stragglers.progress_note())
         epoch_done = position.step % self.geometry.steps_per_epoch == 0
         epochs_done = position.step // self.geometry.steps_per_epoch
         if (epoch_done and epochs_done % self.cfg.eval_every == 0) or finished:
@@ -343,6 +348,7 @@ class Trainer:
             self.cfg, self.ctx, self.geometry, position.step,
             (position.skipped_steps, position.skipped_images), self.last_eval, self.started,
             self.train_seconds, self.train_images)
+        summary["stragglers"] = self.stragglers.summary()
         if self.recomputed_bn is not None:  # final.pt carries the statistics evaluated last
             load_statistics(self.model, self.recomputed_bn)
         if self.ctx.is_main:
