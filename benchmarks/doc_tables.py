@@ -349,3 +349,35 @@ def precise_bn(results: Path) -> str:
     return markdown(["seed", "steps", "final top-1 as trained", "with recomputed statistics",
                      "recomputed − as trained"], rows) + \
         f"\n\n{machine_label(record['machine'])}; `{record['command']}`"
+
+
+# ----------------------------------------------------------------------------- planner
+
+def batches_text(values: Sequence[float]) -> str:
+    return " → ".join(f"{value:,.0f}" for value in values)
+
+
+def published_mark(row: dict) -> str:
+    if row["calibration"]:
+        return "calibration"
+    return "ok" if row["in_band"] else "**miss** (cause in published.json)"
+
+
+@table("published-runs")
+def published_runs(results: Path) -> str:
+    """`bigbatch plan --published --json`: each published run predicted, then the speed-up."""
+    record = read_json(results / "published_runs.json")
+    rows = [[row["label"], row["hardware"], f"{row['devices']:,}",
+             batches_text(row["global_batch"]), batches_text(row["per_device_batch"]),
+             f"{row['epochs']:g}", f"{row['published_minutes']:g} min",
+             f"{row['predicted_minutes']:.3g} min", f"{row['ratio']:.2f}",
+             f"{row['band'][0]:.2f}–{row['band'][1]:.2f} {published_mark(row)}"]
+            for row in record["rows"]]
+    check, fitted = record["speedup"], record["calibration"]
+    return markdown(["run", "hardware", "devices", "global batch", "per device", "epochs",
+                     "published", "predicted", "ratio", "band"], rows) + (
+        f"\n\nSpeed-up {check['from']} → {check['to']}: published {check['published']:.1f}×, "
+        f"predicted {check['predicted']:.1f}× (ratio {check['ratio']:.2f}). One fitted "
+        f"constant, `{fitted['constant']}` = {fitted['value']:.2f}, on {fitted['run']} only. "
+        "`bigbatch plan --published --json > docs/results/published_runs.json`; inputs, sources "
+        "and misses: docs/results/published_runs.md.")
