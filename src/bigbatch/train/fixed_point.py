@@ -39,8 +39,8 @@ from bigbatch.distributed import DistContext, all_reduce_sum
 from bigbatch.geometry import BatchGeometry
 from bigbatch.train.bn_stats import PerStepRunningStats
 from bigbatch.train.nonfinite import NonFiniteLoss
-from bigbatch.train.reduction import StepVotes
 from bigbatch.train.timing import CommClock
+from bigbatch.train.votes import StepVotes
 
 GRADIENT_BITS = 48
 STATISTIC_BITS = 32

@@ -10,7 +10,6 @@ checkpoint votes, so every rank takes the same decisions after the same step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,19 +17,10 @@ from torch import nn
 from bigbatch.distributed import DistContext, all_reduce_sum, average_buffers
 from bigbatch.geometry import BatchGeometry
 from bigbatch.train.bn_stats import PerStepRunningStats
+from bigbatch.train.fixed_point import ExactReduction
 from bigbatch.train.nonfinite import nonfinite_gradients
 from bigbatch.train.timing import CommClock, timed_allreduce_hook
-
-
-@dataclass
-class StepVotes:
-    """The step's reduction over ranks."""
-
-    mean_loss: float
-    examples: float
-    nonfinite: bool
-    stop_votes: float
-    clock_votes: float
+from bigbatch.train.votes import StepVotes
 
 
 class FloatReduction:
@@ -83,6 +73,4 @@ def reduction_for(exact: bool, model: nn.Module, geometry: BatchGeometry, ctx: D
     """FloatReduction, or fixed_point.ExactReduction when ``exact``."""
     if not exact:
         return FloatReduction(model, geometry, ctx)
-    from bigbatch.train.fixed_point import ExactReduction
-
     return ExactReduction(model, geometry, ctx)

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bigbatch.errors import ConfigError
 from bigbatch.tools.sweep.series import SERIES, LRRule
-
-if TYPE_CHECKING:
-    from bigbatch.tools.sweep.records import PointResult
 
 # A run within this many points of chance top-1 failed to learn (collapsed), which for the grid
 # decisions counts like divergence. Two points is far above the noise of a 10,000-image test set
@@ -81,7 +78,14 @@ def next_extension(results: dict[float, float | None], extensions_done: int,
 
 
 
-def anchored_rule(rule: LRRule, point: PointResult) -> LRRule:
+class AnchorPoint(Protocol):
+    """What anchoring needs of a measured point (records.PointResult has it)."""
+
+    batch: int
+    best_lr: float | None
+
+
+def anchored_rule(rule: LRRule, point: AnchorPoint) -> LRRule:
     """The rule re-centred on the best LR measured at the smallest batch.
 
     This is how the scaling rules are meant to be used (Goyal et al.: tune at the small batch,
