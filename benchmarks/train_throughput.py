@@ -167,7 +167,7 @@ def plain_loop_images_per_second(raw: dict[str, Any], warmup: int) -> list[float
     optimizer = optimizer_for(cfg, model)
     geometry = geometry_for(cfg, len(train_set), 1)
     schedule = schedule_for(cfg, geometry)
-    accumulation = cfg.global_batch // cfg.micro_batch
+    accumulation = geometry.accumulation_steps
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     autocast = cfg.precision == "bf16"
     loader = DataLoader(train_set, batch_size=cfg.micro_batch, shuffle=True, drop_last=True,
@@ -216,7 +216,7 @@ def engine_extras_ms(raw: dict[str, Any], repeats: int) -> dict[str, float]:
     batch = train_set.__getitems__([(i, 0) for i in range(cfg.micro_batch)])
     nn.functional.cross_entropy(model(batch.images), batch.labels).backward()
     optimizer.step()
-    accumulation = cfg.global_batch // cfg.micro_batch
+    accumulation = geometry_for(cfg, len(train_set), 1).accumulation_steps
     ctx = single_process()
     stats = PerStepRunningStats(model, accumulation)
     metrics = MetricsLog(Path(raw["out"]) / "extras.jsonl")

@@ -37,6 +37,7 @@ import time
 
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import available_cores
+from bigbatch.geometry import BatchGeometry
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def local_processes(cfg: RunConfig, environ: dict[str, str] | None = None) -> in
 
     if torch.cuda.is_available():
         return 1
-    per_step = cfg.global_batch // cfg.micro_batch
+    per_step = BatchGeometry(cfg.global_batch, cfg.micro_batch).micro_batches_per_step
     return max(w for w in range(1, available_cores() + 1) if per_step % w == 0)
 
 
