@@ -27,7 +27,7 @@ def test_gpu_script_dry_run_records_both_runs(tmp_path):
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
     run = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                          timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + run_logs(tmp_path)
     recipe = load_recipe("fashion-mnist")
     warmup = round(recipe["schedule"]["warmup_epochs"] / recipe["epochs"], 4)
     assert f"1 epochs ({warmup} warm-up)" in run.stdout
@@ -40,3 +40,10 @@ def test_gpu_script_dry_run_records_both_runs(tmp_path):
     fashion = json.loads((tmp_path / "fashion-mnist" / "summary.json").read_text())
     assert fashion["world_size"] == 2 and fashion["steps"] == 2
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
+
+
+def run_logs(folder: Path) -> str:
+    """Each run's own log (the script shows only its last lines; a torchrun failure's cause is
+    often above them, in the rank that failed first)."""
+    return "".join(f"\n--- {log.name} ---\n{log.read_text(errors='replace')[-6000:]}"
+                   for log in sorted(folder.glob("*.log")))

@@ -109,10 +109,20 @@ def values_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from bigbatch.config import resolve_config
-    from bigbatch.train.preemption import catch_early
+    from bigbatch.train.preemption import catch_early, ignore_from_now
 
     catch_early()  # a preemption signal before or after the training loop must not kill the run
+    try:
+        return train_with_ranks(args)
+    finally:
+        ignore_from_now()  # nor one that comes while the process exits
+
+
+def train_with_ranks(args: argparse.Namespace) -> int:
+    """This process's rank and, where the config asks for several on this machine, the others
+    as its children; the run's exit code."""
+    from bigbatch.config import resolve_config
+
     cfg = resolve_config(args.recipe, args.config, args.overrides, values_from_flags(args))
     from bigbatch.local_launch import finish_local_ranks, local_processes, start_local_ranks
 

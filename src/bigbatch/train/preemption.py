@@ -10,7 +10,10 @@ under ``--signal=USR1@60`` it came 30-60 s into a two-minute job, which can be w
 run is still starting (loading data, joining the process group) or already in its final
 evaluation. ``catch_early`` records a signal from the start of ``bigbatch train``, so one that
 comes before the training loop stops the run after its first step (with a checkpoint), and one
-that comes after the last step lets the run finish.
+that comes after the last step lets the run finish. Once the command is done, ``ignore_from_now``
+ignores them to the process's end: the interpreter's shutdown puts Python's handlers back to the
+default, so a warning that came while torch was tearing down ended a finished run by the signal
+(a requeued SLURM job, done, reported "died by signal: 10").
 """
 
 from __future__ import annotations
@@ -52,3 +55,9 @@ _EARLY = StopRequest()
 def catch_early() -> None:
     """Record preemption signals from now on; the training loop's StopRequest takes them over."""
     _EARLY.install()
+
+
+def ignore_from_now() -> None:
+    """The run has ended: preemption signals are ignored until the process exits."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
