@@ -125,7 +125,8 @@ def test_bad_batch_lists_are_config_errors(text, words):
     ({"batch_sizes": (128, 0)}, "positive"),
     ({"batch_sizes": (128, 128)}, "repeats"),
     ({"optimizers": ("adam",)}, "unknown optimizer 'adam'"),
-    ({"optimizers": ("lars_paper",)}, "choose from sgd, nesterov, lars, lars-paper, lars-mlperf, lamb"),
+    ({"optimizers": ("lars_paper",)},
+     "choose from sgd, nesterov, lars, lars-paper, lars-mlperf, lamb"),
     ({"lrs_per_point": 0}, "at least 1"),
     ({"lr_grid_factor": 1.0}, "above 1"),
     ({"epochs": 0}, "positive"),
@@ -263,7 +264,8 @@ def test_markdown_table_shows_best_lr_marks_and_difference():
 
 
 @pytest.mark.parametrize("series, optimizer_class, adapted_bn", [
-    ("sgd", "SGD", None), ("nesterov", "SGD", None), ("lars-paper", "LARS", True), ("lars-mlperf", "LARS", False),
+    ("sgd", "SGD", None), ("nesterov", "SGD", None), ("lars-paper", "LARS", True),
+    ("lars-mlperf", "LARS", False),
     ("lamb", "LAMB", False),
 ])
 @pytest.mark.parametrize("recipe_excludes", [True, False])
