@@ -20,6 +20,7 @@ from figures import (
     duration_runs_text,
     loads_text,
     machine_label,
+    paired_text,
     ratio_text,
     read_json,
     read_jsonl,
@@ -253,13 +254,23 @@ def batch_scaling_90ep(results: Path) -> str:
 
 @table("cluster-faults")
 def cluster_faults(results: Path) -> str:
-    records = read_jsonl(results / "cluster_faults.jsonl")
-    return markdown(["scenario", "nodes", "steps", "restarts", "detected in", "recovered in",
-                     "bit-identical", "machine", "commit"],
-                    ([r["scenario"], r["nodes"], r["steps"], r["restarts"],
-                      f"{r['detect_seconds']:.1f} s", f"{r['recover_seconds']:.1f} s",
-                      "yes" if r["bit_identical"] else "no", r["machine"], r["commit"]]
-                     for r in records))
+    """The fault matrix's latest row per scenario (benchmarks/cluster_faults.py)."""
+    latest = {r["scenario"]: r for r in read_jsonl(results / "cluster_faults.jsonl")}
+    return markdown(["scenario", "nodes", "steps", "re-formed", "detected in", "recovered in",
+                     "finished", "bit-identical", "straggler named", "machine, commit"],
+                    (cluster_fault_row(r) for r in latest.values()))
+
+
+def cluster_fault_row(record: dict) -> list[str]:
+    def seconds(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f} s"
+
+    named = ", ".join(f"rank {s['rank']} ({s['kind']}, {s['host']})"
+                      for s in record.get("stragglers") or []) or "—"
+    return [record["scenario"], record["nodes"], record["steps"], record["restarts"],
+            seconds(record["detect_seconds"]), seconds(record["recover_seconds"]),
+            "yes" if record["finished"] else "no", "yes" if record["bit_identical"] else "no",
+            named, f"{machine_label(record['machine'])}, {record['machine'].get('commit')}"]
 
 
 # ----------------------------------------------------------------------------- README headline
@@ -381,3 +392,65 @@ def published_runs(results: Path) -> str:
         f"constant, `{fitted['constant']}` = {fitted['value']:.2f}, on {fitted['run']} only. "
         "`bigbatch plan --published --json > docs/results/published_runs.json`; inputs, sources "
         "and misses: docs/results/published_runs.md.")
+
+
+# ----------------------------------------------------------------------------- one-run ratios
+
+SUITE_METHODS = {"threads": {"all_cores_passive_wait": "`OMP_WAIT_POLICY=PASSIVE`, all cores",
+                             "one_thread": "one thread (`--set threads=1`)"},
+                 "options": {"channels_last": "channels_last", "bf16": "bf16 autocast",
+                             "bf16_channels_last": "bf16 + channels_last",
+                             "compile": "torch.compile (fp32, contiguous)"},
+                 "peer": {"bigbatch": "`bigbatch train`"}}
+SUITE_BASES = {"threads": "PyTorch's default (all cores, spinning wait)",
+               "options": "fp32, contiguous", "peer": "timm's `train.py`"}
+
+
+def suite_precision(record: dict) -> str:
+    """', bf16' where a peer comparison ran under bf16 autocast (its command says so)."""
+    return ", bf16" if "precision=bf16" in record.get("commands", {}).get("bigbatch", "") else ""
+
+
+def suite_rows(results: Path, suite: str) -> Iterable[list[str]]:
+    for line, record in enumerate(read_jsonl(results / "train_throughput.jsonl"), start=1):
+        if record.get("suite") != suite:
+            continue
+        ratios = next(value for key, value in record.items() if key.startswith("ratio_to_"))
+        for method, label in SUITE_METHODS[suite].items():
+            if method in ratios:
+                rounds = len(record["images_per_second"][method].get("per_round", ())) or \
+                    record["rounds"]
+                yield [f"{record['workload']}, batch {record['global_batch']}"
+                       f"{suite_precision(record)}", label, paired_text(ratios[method], rounds),
+                       machine_label(record["machine"]), f"{loads_text([record])}; line {line}"]
+
+
+def suite_table(results: Path, suite: str) -> str:
+    return markdown(["workload", f"against {SUITE_BASES[suite]}", "ratio (one run)", "machine",
+                     "load; train_throughput.jsonl"], suite_rows(results, suite))
+
+
+@table("cpu-threads")
+def cpu_threads(results: Path) -> str:
+    return suite_table(results, "threads")
+
+
+@table("cpu-options")
+def cpu_options(results: Path) -> str:
+    return suite_table(results, "options")
+
+
+@table("peer-train-py")
+def peer_train_py(results: Path) -> str:
+    return suite_table(results, "peer")
+
+
+@table("local-processes")
+def local_processes(results: Path) -> str:
+    rows = [[f"{r['settings']['recipe']}, {r['settings']['precision']}"
+             + (", kernels held to AVX2" if r["settings"]["kernels_held_to_avx2"] else ""),
+             paired_text(r["speedup_auto_over_one"], r["settings"]["rounds"]),
+             machine_label(r["machine"]), f"{loads_text([r])}; {commits_text([r])}"]
+            for r in read_jsonl(results / "local_processes.jsonl")]
+    return markdown(["training images/s", "one rank per core / one process, all cores",
+                     "machine", "load; commit"], rows)

@@ -5,8 +5,8 @@ is named.
   :func:`runs_text` prints ``median (min–max, N runs)``.
 - A ratio of two methods timed side by side is, within one run, the **median of the paired
   (round-by-round) ratios** (``median_paired`` in the records, written by
-  ``common.paired_ratio``); over several runs it is again the median of the runs' values with
-  their range (:func:`ratio_text`).
+  ``common.paired_ratio``) with their range over the rounds (:func:`paired_text`); over several
+  runs it is the median of the runs' values with their range (:func:`ratio_text`).
 
 Records are read with :func:`read_jsonl`; a record that is not there raises
 :class:`NoRecord`, which the renderer prints as "no record yet".
@@ -51,6 +51,13 @@ def runs_text(values: Sequence[float], digits: int = 2, unit: str = "") -> str:
 def ratio_text(per_run: Sequence[float], digits: int = 2) -> str:
     """Over runs of the runs' median paired ratios: '1.26× (1.20–1.37, 6 runs)'."""
     return runs_text(per_run, digits, unit="×")
+
+
+def paired_text(ratio: dict[str, float], rounds: int) -> str:
+    """One run's ratio: the median of its paired ratios with their range over the rounds,
+    '1.62× (1.33–1.69 over 3 rounds)'."""
+    return (f"{ratio['median_paired']:.2f}× ({ratio['min_paired']:.2f}–"
+            f"{ratio['max_paired']:.2f} over {rounds} rounds)")
 
 
 def minutes_text(seconds: float) -> str:

@@ -136,7 +136,7 @@ class RunConfig:
     # Sums whose order depends on the layout in fixed point: bit-identical runs at any world size
     exact_reduction: bool = False
     backend: str = "auto"
-    # Seconds a rank waits in a collective (or at the rendezvous of a restart) for a peer
+    # Seconds a rank waits in a collective (or while the process group forms) for a peer
     # before the run fails with the peer named: a lost link or a frozen node is noticed in this
     # time, not in torch's own default (30 minutes for gloo, 10 for NCCL).
     collective_timeout: float = 300.0
