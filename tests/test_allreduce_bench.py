@@ -175,5 +175,8 @@ def test_shaped_namespace_bench_skips_or_measures_the_shaping(tmp_path):
                                 check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     fit = json.loads(out.read_text())["fit"]
-    # Two ranks share the one 100 Mbit/s qdisc, so each ring link gets half of it.
-    assert 35 < fit["bandwidth_gbit_s"] * 1000 < 65
+    # Two ranks share the one 100 Mbit/s qdisc, so each ring link gets about half of it; the
+    # token bucket's burst lets the first bytes of each message through at loopback speed, which
+    # lifts the fit above 50 (66.8 Mbit/s seen in CI with a 256 kB burst). Unshaped loopback fits
+    # at Gbit/s, and no fit of a link throttled to 100 Mbit/s can honestly exceed 100.
+    assert 30 < fit["bandwidth_gbit_s"] * 1000 < 100
