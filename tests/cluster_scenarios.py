@@ -1,13 +1,13 @@
 """The fault matrix: bigbatch trained by torchrun agents on namespace nodes, with a fault at a step.
 
-Every scenario trains the same small run (the default model on 8,192 Fashion-MNIST images,
-global batch 1024 in micro-batches of 256, 24 steps, a checkpoint every 4, exact_reduction, fp32,
-one thread per process) on nodes of one process each, injects its fault when the run's metrics
-reach ``FAULT_STEP``, and returns a row: whether it finished, how many times the job re-formed,
-seconds from the fault to the first line that named it (detect) and to the first step trained
-after it (recover), and whether the final weights, BatchNorm statistics and per-step losses are
-bit-identical to the same run on one process. tests/test_cluster.py asserts on the rows;
-benchmarks/cluster_faults.py records them (docs/results/cluster_faults.jsonl).
+Every scenario trains the same small run (the default model on 6,144 Fashion-MNIST images, global
+batch 768 in micro-batches of 128 (a multiple of 1, 2 and 3 processes), 24 steps, a checkpoint
+every 4, exact_reduction, fp32, one thread per process) on nodes of one process each, injects its
+fault when the run's metrics reach ``FAULT_STEP``, and returns a row: whether it finished, how many
+times the job re-formed, seconds from the fault to the first line that named it (detect) and to the
+first step trained after it (recover), and whether the final weights, BatchNorm statistics and
+per-step losses are bit-identical to the same run on one process. tests/test_cluster.py asserts on
+the rows; benchmarks/cluster_faults.py records them (docs/results/cluster_faults.jsonl).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ TIMEOUT = 15  # collective_timeout of the runs, seconds
 RDZV_PORT = 29400
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TRAIN = [
-    "-m", "bigbatch", "train", "--dataset", "fashion-mnist", "--train-subset", "8192",
-    "--val-subset", "1000", "--batch-size", "1024", "--micro-batch", "256", "--epochs", "3",
+    "-m", "bigbatch", "train", "--dataset", "fashion-mnist", "--train-subset", "6144",
+    "--val-subset", "1000", "--batch-size", "768", "--micro-batch", "128", "--epochs", "3",
     "--warmup-epochs", "1", "--checkpoint-every", "4", "--resume", "auto",
     "--set", "exact_reduction=true", "--set", "precision=fp32", "--set", "channels_last=false",
     "--set", "threads=1", "--set", "local_processes=1", "--set", "data.workers=0",
