@@ -1,6 +1,7 @@
 """Data parallel on real gloo processes: the same global batch gives the same run at any scale."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,27 @@ def test_distributed_eval_equals_single_process(single_process_run):
     assert results[3]["top5"] == pytest.approx(results[1]["top5"], abs=1e-9)
     assert results[3]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
     assert results[1]["top1"] == pytest.approx(summary(single_process_run)["top1"], abs=1e-6)
+
+
+EXIT_PROBE = """
+import atexit, sys
+import bigbatch.distributed as distributed
+atexit.register(lambda: print("finalized", file=sys.stderr))
+print("buffered output")  # a pipe: block-buffered until flushed
+if sys.argv[1] == "joined":
+    distributed._joined_a_group = True
+distributed.exit_if_joined(7)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("role", ["joined", "alone"])
+def test_a_rank_ends_with_its_code_and_output_but_without_finalization(role):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    result = subprocess.run([sys.executable, "-c", EXIT_PROBE, role], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.stdout == "buffered output\n"
+    if role == "joined":  # gloo's leftover threads never meet a finalizing interpreter
+        assert (result.returncode, result.stderr) == (7, "")
+    else:  # a one-process run exits as any program does
+        assert (result.returncode, result.stderr) == (3, "finalized\n")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -147,6 +148,8 @@ def init_distributed(backend: str = "auto", timeout_seconds: float = 1800.0) -> 
     if env.launcher == "slurm":
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    global _joined_a_group
+    _joined_a_group = True
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_seconds)
         dist.init_process_group(
@@ -199,6 +202,32 @@ def _device_for(backend: str, local_rank: int) -> torch.device:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+_joined_a_group = False  # whether this process has been a rank of a multi-process job
+
+
+def exit_if_joined(code: int) -> None:
+    """End a process that was a rank of a multi-process job now, with exit code ``code``, once
+    its logs and output are flushed, without the interpreter's finalization; else return.
+
+    DistributedDataParallel's reducer keeps the gloo process group, and its worker threads,
+    alive after destroy_process_group (torch 2.14: three gloo threads remain in a process that
+    wrapped a model, none in one that did not). A worker thread that lets go of a finished
+    collective's Python objects while the interpreter finalizes is ended by it, and the C++
+    runtime aborts the process ("terminate called without an active exception", exit signal 6)
+    after a run that succeeded: seen once in CI under load. Nothing is left to do at this point
+    (the run's files are closed, the process group destroyed), so the process ends here.
+    """
+    if not _joined_a_group:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, a closed stream
+            pass
+    os._exit(code)
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:

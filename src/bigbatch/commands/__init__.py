@@ -28,6 +28,13 @@ COMMANDS = (train, catalog, data, sweep, plot, inspect, plan, bench)
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = run_command(argv)
+    if "bigbatch.distributed" in sys.modules:  # imported by the commands that join a group
+        sys.modules["bigbatch.distributed"].exit_if_joined(code)
+    return code
+
+
+def run_command(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for ranks started by train
