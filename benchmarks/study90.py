@@ -31,8 +31,9 @@ run, two runs at a time ("lanes").
 
 Resumable: rerunning the command continues where it stopped (finished runs are kept and skipped,
 an interrupted one resumes from its checkpoint). Finished runs' small files are copied after each
-sweep into docs/results/batch_scaling_90ep/finished_runs/ (``--save`` does it at any time), and
-copied back into an empty run folder, so the study also resumes on a new machine.
+sweep and every few minutes into docs/results/batch_scaling_90ep/finished_runs/ (``--save`` does
+it at any time), and copied back into an empty run folder, so the study also resumes on a new
+machine.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ RESULTS = Path(os.environ.get("STUDY90_RESULTS", RESULTS_DIR / "batch_scaling_90
 EPOCHS = float(os.environ.get("STUDY90_EPOCHS", 90))
 SUBSET = os.environ.get("STUDY90_SUBSET")
 WARMUP, BASELINE_BATCH, MATCHED_32K = 5, 128, 1536
+SAVE_EVERY_SECONDS = 300  # finished runs reach the results this often, not only after a sweep
 BATCHES = (384, 768, 1536, 3072)
 WARMUP_AXIS = (12, 25)
 SEEDS = "0,1,2"
@@ -199,8 +201,10 @@ def run_study() -> int:
     lanes = [threading.Thread(target=run_lane, args=(jobs, finished)) for jobs in LANES]
     for lane in lanes:
         lane.start()
-    for lane in lanes:
-        lane.join()
+    while running := [lane for lane in lanes if lane.is_alive()]:
+        running[0].join(timeout=SAVE_EVERY_SECONDS)
+        for job in JOBS.values():
+            save(job)
     report()
     return max(finished.values(), default=0)
 
