@@ -183,6 +183,11 @@ def save(job: Job) -> None:
                 shutil.copy2(run / name, dest / name)
 
 
+def save_all() -> None:
+    for job in JOBS.values():
+        save(job)
+
+
 def restore() -> None:
     """Copy kept runs back into run folders that lack them (a new machine or a fresh clone)."""
     for kept in sorted((RESULTS / "finished_runs").glob("*/*/")):
@@ -203,8 +208,7 @@ def run_study() -> int:
         lane.start()
     while running := [lane for lane in lanes if lane.is_alive()]:
         running[0].join(timeout=SAVE_EVERY_SECONDS)
-        for job in JOBS.values():
-            save(job)
+        save_all()
     report()
     return max(finished.values(), default=0)
 
@@ -221,8 +225,7 @@ def main() -> int:
     parser.add_argument("--save", action="store_true", help="copy finished runs into the results")
     args = parser.parse_args()
     if args.save:
-        for job in JOBS.values():
-            save(job)
+        save_all()
         return 0
     if args.report:
         report()

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from bigbatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_joined_a_group = False  # whether this process has been a rank of a multi-process job
 
 
 @dataclass(frozen=True)
@@ -204,20 +205,17 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-_joined_a_group = False  # whether this process has been a rank of a multi-process job
-
-
 def exit_if_joined(code: int) -> None:
     """End a process that was a rank of a multi-process job now, with exit code ``code``, once
     its logs and output are flushed, without the interpreter's finalization; else return.
 
     DistributedDataParallel's reducer keeps the gloo process group, and its worker threads,
     alive after destroy_process_group (torch 2.14: three gloo threads remain in a process that
-    wrapped a model, none in one that did not). A worker thread that lets go of a finished
-    collective's Python objects while the interpreter finalizes is ended by it, and the C++
-    runtime aborts the process ("terminate called without an active exception", exit signal 6)
-    after a run that succeeded: seen once in CI under load. Nothing is left to do at this point
-    (the run's files are closed, the process group destroyed), so the process ends here.
+    wrapped a model, none in one that did not), so the interpreter finalizes with them running.
+    CI saw a rank abort there after a run that succeeded ("terminate called without an active
+    exception", signal 6), once, under load; not reproduced here, and taken to be such a thread
+    meeting the finalizing interpreter. Nothing is left to do at this point (the run's files are
+    closed, the process group destroyed), so the process ends here.
     """
     if not _joined_a_group:
         return
