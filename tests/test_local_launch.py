@@ -157,3 +157,19 @@ def test_threads_per_rank_fill_the_cores_and_oversubscription_is_said(overrides,
                                                                       expected):
     cfg = resolve_config(overrides=overrides)
     assert local_launch.threads_per_rank(cfg, 2, environ=environ, cores=2) == expected
+
+
+def test_a_crash_outranks_the_peer_lost_code_of_the_rank_that_saw_it():
+    """Rank 0 can notice a crashed peer (and end with EXIT_PEER_LOST) before the crashed
+    process has ended: the job's code is still the crash's."""
+    from bigbatch.errors import EXIT_PEER_LOST
+    from bigbatch.local_launch import finish_local_ranks
+
+    still_ending = subprocess.Popen([sys.executable, "-c",
+                                     "import sys, time; time.sleep(0.5); sys.exit(13)"])
+    assert finish_local_ranks([still_ending], code=EXIT_PEER_LOST) == 13
+    peer_lost_only = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({EXIT_PEER_LOST})"])
+    assert finish_local_ranks([peer_lost_only], code=0) == EXIT_PEER_LOST
+    preempted = subprocess.Popen([sys.executable, "-c", "raise SystemExit(75)"])
+    preempted.wait()  # had ended before rank 0: its code, not rank 0's
+    assert finish_local_ranks([preempted], code=1) == 75

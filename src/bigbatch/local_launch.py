@@ -20,9 +20,10 @@ This process becomes rank 0 and starts ranks 1..N-1 as child processes in its pr
 terminal's Ctrl-C and SLURM's signals reach them all); a preemption signal sent to this process
 alone stops them all too, since the ranks vote on stopping at every step
 (bigbatch.train.preemption). At its end it waits for them. The command's exit code is that of
-the rank that failed first where one did (a rank that had failed before rank 0 ended, else
-rank 0, else another), so 75 for a run stopped by a preemption signal, as in one process, and
-the crashed rank's own code where one crashed; ranks still running FAILED_RANK_GRACE_SECONDS
+the rank whose failure ended the others (a rank that had failed before rank 0 ended, else
+rank 0, else another; a peer-lost code only where no rank has another), so 75 for a run
+stopped by a preemption signal, as in one process, and the crashed rank's own code where one
+crashed; ranks still running FAILED_RANK_GRACE_SECONDS
 after rank 0 ended are killed (a failed peer can leave them waiting) and count as failed.
 """
 
@@ -37,6 +38,7 @@ import time
 
 from bigbatch.config import RunConfig
 from bigbatch.data.loader import available_cores
+from bigbatch.errors import EXIT_PEER_LOST
 from bigbatch.geometry import BatchGeometry
 
 log = logging.getLogger(__name__)
@@ -120,10 +122,12 @@ def start_local_ranks(argv: list[str], processes: int, cfg: RunConfig) -> list[s
 
 def finish_local_ranks(ranks: list[subprocess.Popen], code: int) -> int:
     """Wait for the ranks this process started, after its own end with exit code ``code``;
-    return the job's: the code of a rank that had already failed when this one ended (the
-    failure that ended the others), else ``code`` if not 0, else the first non-zero one of
-    theirs, else 0. Ranks still running FAILED_RANK_GRACE_SECONDS from now are killed."""
-    failed_first = next((rank.returncode for rank in ranks if rank.poll()), 0)
+    return the job's, the code of the failure that ended the others: of the ranks' non-zero
+    codes, in the order (ranks that had failed when this one ended, this one, the others), the
+    first that is not EXIT_PEER_LOST (which a rank reports when another failed, and can report
+    before the failed one's process has ended), else the first non-zero, else 0. Ranks still
+    running FAILED_RANK_GRACE_SECONDS from now are killed."""
+    failed_first = [rank for rank in ranks if rank.poll()]
     deadline = time.monotonic() + FAILED_RANK_GRACE_SECONDS
     for rank in ranks:
         try:
@@ -131,8 +135,15 @@ def finish_local_ranks(ranks: list[subprocess.Popen], code: int) -> int:
         except subprocess.TimeoutExpired:
             rank.kill()
             rank.wait()
-    return (failed_first or code
-            or next((rank.returncode for rank in ranks if rank.returncode), 0))
+    later = [rank for rank in ranks if rank not in failed_first]
+    codes = [rank.returncode for rank in failed_first] + [code] + [r.returncode for r in later]
+    return job_exit_code(codes)
+
+
+def job_exit_code(codes: list[int]) -> int:
+    """The first non-zero code that is not EXIT_PEER_LOST, else the first non-zero, else 0."""
+    failures = [c for c in codes if c]
+    return next((c for c in failures if c != EXIT_PEER_LOST), failures[0] if failures else 0)
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:

@@ -53,6 +53,7 @@ from bigbatch.precise_bn import PreciseBN, check_count, load_statistics
 from bigbatch.stragglers import straggler_watch
 from bigbatch.threads import intra_op_threads
 from bigbatch.train.faults import fault_hook
+from bigbatch.train.memory_format import memory_format_for
 from bigbatch.train.nonfinite import handle_nonfinite
 from bigbatch.train.preemption import StopRequest
 from bigbatch.train.progress import progress_for
@@ -116,7 +117,6 @@ class Trainer:
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
         check_count(cfg.eval.bn_recompute, self.geometry)  # eval.bn_recompute fits the data
-        self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.model = self._build_model()
         self.optimizer = optimizer_for(cfg, self.model)
         self.parameter_names = {id(p): name for name, p in self.model.named_parameters()}
@@ -139,6 +139,9 @@ class Trainer:
             if self.ctx.device.type != "cuda":  # PyTorch's SyncBatchNorm runs on GPUs only
                 raise ConfigError("sync_bn=true needs CUDA GPUs; on CPU use sync_bn=false")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.memory_format = memory_format_for(self.cfg.channels_last, model, self.ctx.device,
+                                               warn=self.ctx.is_main)
+        self.channels_last = self.memory_format == torch.channels_last
         return model.to(self.ctx.device, memory_format=self.memory_format)
 
     def _build_step_parts(self) -> None:
@@ -158,7 +161,7 @@ class Trainer:
         self.micro_batches = self._micro_batch_stream()
         self.last_eval: dict[str, float] = {}
         self.precise_bn = (PreciseBN(cfg.eval.bn_recompute, self.train_set, self.geometry,
-                                     cfg.seed, ctx, self.workers, cfg.channels_last,
+                                     cfg.seed, ctx, self.workers, self.channels_last,
                                      self.autocast_dtype) if cfg.eval.bn_recompute else None)
         self.recomputed_bn = None  # the last evaluation's recomputed statistics, for final.pt
         self.train_seconds, self.train_images = 0.0, 0
@@ -333,7 +336,7 @@ class Trainer:
 
     def evaluate_model(self) -> dict[str, float]:
         return evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
-                        self.workers, self.cfg.channels_last, self.autocast_dtype,
+                        self.workers, self.channels_last, self.autocast_dtype,
                         self.cfg.eval.hflip)
 
     def finish(self) -> dict[str, Any]:
