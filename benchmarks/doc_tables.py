@@ -454,3 +454,108 @@ def local_processes(results: Path) -> str:
             for r in read_jsonl(results / "local_processes.jsonl")]
     return markdown(["training images/s", "one rank per core / one process, all cores",
                      "machine", "load; commit"], rows)
+
+
+# ----------------------------------------------------------------------------- time to accuracy
+
+@table("time-to-accuracy")
+def time_to_accuracy(results: Path) -> str:
+    """Every run of time_to_accuracy.py: each recipe's epochs and seconds to the target."""
+    records = read_jsonl(results / "time_to_accuracy.jsonl")
+    rows = []
+    for record in records:
+        machine = record["machine"]
+        for recipe, result in record["recipes"].items():
+            config = result["config"]
+            reached = result["runs"][0]["reached"]
+            rows.append([
+                f"`{recipe}` ({config['optim']['name'].upper()}, LR {config['optim']['lr']:g}, "
+                f"{config['epochs']:g} epochs at most)", f"{config['global_batch']:,}",
+                f"{config['precision']}, threads {record['threads'] or 'default'}",
+                (f"{reached['epoch']:g} ({reached['top1']:.2f}%)" if reached
+                 else f"not reached (best {result['best_top1']:.2f}%)"),
+                f"{reached['wall_seconds']:.1f}" if reached else "–",
+                f"{result['images_per_second_median']:,.0f}",
+                f"{machine_label(machine)}; {loads_text([record])}; {commits_text([record])}"])
+    return markdown(["recipe", "global batch", "precision, threads",
+                     f"epochs to ≥ {records[0]['target_top1']:g}% top-1",
+                     "wall s", "images/s", "machine; load; commit"], rows)
+
+
+# ----------------------------------------------------------------------------- webdataset reader
+
+WIDS_READS = [("bigbatch_tarfile_scan", "bigbatch: index one shard (tarfile scan), ms"),
+              ("bigbatch_cached_index", "bigbatch: load the cached index of one shard, ms"),
+              ("wids_mmindexedtar_open", "`wids`: index one shard on opening it, ms")]
+WIDS_SAMPLES = [("bigbatch_mmap_by_offset", "bigbatch: one sample's bytes, random order, µs"),
+                ("wids_lru10", "`wids`, 10 open shards (its default): one sample, µs"),
+                ("wids_lru33", "`wids`, every shard open: one sample, µs")]
+
+
+@table("webdataset-reader")
+def webdataset_reader(results: Path) -> str:
+    """Reading WebDataset shards by index: bigbatch's tarfile reader against webdataset's wids."""
+    records = read_jsonl(results / "webdataset_reader.jsonl")
+    rows = []
+    for section, names in (("index_ms_per_shard", WIDS_READS),
+                           ("read_us_per_sample", WIDS_SAMPLES)):
+        for key, label in names:
+            cells = [f"{r[section][key]['median']:,.2f} ({r[section][key]['range'][0]:,.2f}–"
+                     f"{r[section][key]['range'][1]:,.2f} over {r['setup']['rounds']} rounds)"
+                     for r in records]
+            rows.append([label, "; ".join(cells),
+                         ", ".join(sorted({machine_label(r["machine"]) for r in records})),
+                         loads_text(records)])
+    return markdown(["operation", "median per run (range over its rounds)", "machine", "load"],
+                    rows)
+
+
+# ------------------------------------------------------------------------ world-size invariance
+
+def invariance_cell(by_world_size: dict[str, dict], key: str) -> str:
+    """Per world size, 'bit-identical' or the largest difference to 1 process:
+    '2e-03 (2), 1e-01 (4)'."""
+    cells = []
+    for world, result in by_world_size.items():
+        if world == "1":
+            continue
+        value = result[key]
+        value = max(value) if isinstance(value, list) else value
+        cells.append(f"{value:.0e} ({world})" if value else f"bit-identical ({world})")
+    return ", ".join(cells)
+
+
+@table("world-size-invariance")
+def world_size_invariance(results: Path) -> str:
+    """Every run of world_size_invariance.py: 2 and 4 gloo processes against 1, per LR."""
+    rows = []
+    for record in read_jsonl(results / "world_size_invariance.jsonl"):
+        mode = "exact" if record.get("exact_reduction") else "default"
+        for run in record["results"]:
+            rows.append([
+                f"{record['model']}, LR {run['lr']:g}, {record['precision']}, "
+                f"{record['memory_format']}, {mode} mode", run["steps"],
+                invariance_cell(run["by_world_size"], "loss_relative_difference_per_step"),
+                invariance_cell(run["by_world_size"], "final_state_max_relative_difference"),
+                machine_label(record["machine"])])
+    return markdown(["model, settings", "steps", "largest per-step loss difference to 1 process "
+                     "(processes)", "largest final-state difference (processes)", "machine"],
+                    rows)
+
+
+@table("exact-full-run")
+def exact_full_run(results: Path) -> str:
+    """Every layout of exact_full_run.py's whole-recipe runs, against its record's first."""
+    rows = []
+    for name in ("full_run.json", "full_run_1thread.json"):
+        record = read_json(results / "exact_reduction" / name)
+        threads = record.get("threads_per_process") or record["machine"]["torch_threads"]
+        for layout, run in record["runs"].items():
+            same = run.get("bit_identical_to_exact_w1")
+            rows.append([f"`{layout}`", threads, run["steps"], f"{run['top1']:.2f}",
+                         "–" if same is None else ("**yes**" if same else "no"),
+                         f"`{name}`; {machine_label(record['machine'])}; "
+                         f"{commits_text([record])}"])
+    return markdown(["layout (mode-processes)", "threads per process", "steps", "top-1 %",
+                     "bit-identical to `exact-w1` of its record", "record; machine; commit"],
+                    rows)
