@@ -4,6 +4,7 @@ docs/results: a figure edited by hand, or a record changed without `make docs`, 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,30 @@ def test_the_machine_is_named_from_the_record():
                                   "cpu_avx512": True, "cpu_native_bf16": True}) == \
         "2-core Intel(R) Xeon(R) Processor (AVX-512, native bf16)"
     assert figures.machine_label({"cpu": "AMD EPYC", "gpu": "NVIDIA H200"}) == "one NVIDIA H200"
+
+
+def log_excerpts(page: Path) -> list[tuple[Path, list[str]]]:
+    """The fenced blocks of ``page`` that follow a paragraph linking a .log under docs/results:
+    (that log, the block's lines)."""
+    excerpts, log = [], None
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+        linked = re.search(r"\]\(((?:docs/)?results/[^)]+\.log)\)", line)
+        if linked:
+            log = (page.parent / linked.group(1)).resolve()
+        if line.startswith("```") and log and i and not lines[i - 1].startswith("```"):
+            end = lines.index("```", i + 1)
+            excerpts.append((log, lines[i + 1:end]))
+            log = None
+    return excerpts
+
+
+def test_a_quoted_log_excerpt_is_in_its_log():
+    """Each line of an abridged log excerpt (README's default run) occurs in the log it cites;
+    an elided tail is written '...'."""
+    excerpts = log_excerpts(ROOT / "README.md")
+    assert excerpts, "the README quotes the default run's log"
+    for log, block in excerpts:
+        text = log.read_text()
+        for line in block:
+            assert line.split(", ...")[0] in text, f"not in {log.name}: {line}"
