@@ -97,11 +97,18 @@ def default_recipe_runs(results: Path) -> str:
 
 # ----------------------------------------------------------------------------- optimizer step
 
+# Commit 0c1fab8 (this date) made the LARS kernel read every step's weight norms from the
+# weights; before it, the norm kept from the previous update was reused (one read fewer).
+LARS_NORMS_READ_SINCE = "2026-12-04T21:15:00+00:00"
+
+
 def step_key(record: dict) -> tuple:
     machine = record["machine"]
     kernels = bool(record.get("lars_kernel")) and bool(record.get("lamb_kernel"))
     torch = machine.get("torch") or machine.get("versions", {}).get("torch")
-    return (machine_label(machine), machine.get("device", "cpu"), kernels, torch)
+    date = machine.get("date") or record.get("time") or ""
+    return (machine_label(machine), machine.get("device", "cpu"), kernels, torch,
+            date >= LARS_NORMS_READ_SINCE)
 
 
 STEP_RATIOS = (("lars/sgd_fused", "LARS / `SGD(fused=True)`"),
@@ -120,7 +127,9 @@ def step_rows(results: Path) -> Iterable[list[str]]:
         for name, label in STEP_RATIOS:
             per_run = [r["ratios"][name]["median_paired"] for r in runs if name in r["ratios"]]
             if per_run:
-                yield [label, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
+                kernel = "" if key[1] != "cpu" else (
+                    ", kernels as now" if key[4] else ", LARS norm kept from the last update")
+                yield [label + kernel, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
                        f"{loads_text(runs)}; {commits_text(runs)}"]
 
 
