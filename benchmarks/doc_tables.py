@@ -596,3 +596,18 @@ def exact_full_run(results: Path) -> str:
     return markdown(["layout (mode-processes)", "threads per process", "steps", "top-1 %",
                      "bit-identical to `exact-w1` of its record", "record; machine; commit"],
                     rows)
+
+
+@table("exact-reduction-cost")
+def exact_reduction_cost(results: Path) -> str:
+    """exact_reduction.py: the step time of exact mode over the default mode, and the bytes."""
+    rows = []
+    for record in read_jsonl(results / "exact_reduction.jsonl"):
+        ratio, sent = record["ratio_exact_over_default"], record["allreduce_bytes_per_step"]
+        rounds = len(record["step_seconds"]["exact"])
+        rows.append([record["processes"], record["steps_per_run"],
+                     f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f} over "
+                     f"{rounds} rounds)", f"{sent['exact'] / sent['default']:.2f}×",
+                     f"{machine_label(record['machine'])}; {loads_text([record])}"])
+    return markdown(["processes", "steps a run", "exact / default step time",
+                     "exact / default all-reduce bytes", "machine; load"], rows)
