@@ -125,3 +125,13 @@ def test_a_quoted_log_excerpt_is_in_its_log():
         text = log.read_text()
         for line in block:
             assert line.split(", ...")[0] in text, f"not in {log.name}: {line}"
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
