@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU path, end to end, on a CUDA machine: install bigbatch, measure ResNet-50 training
 # images/s on synthetic 224x224 data (bf16 autocast + channels_last, then optionally with
-# torch.compile), and run a short Fashion-MNIST training; print images/s with the GPU's name and
-# append one JSON line (suite "gpu") to docs/results/train_throughput.jsonl.
+# torch.compile), the plain PyTorch loop of benchmarks/peer_loop.py beside it, ResNet-50 fed from
+# a folder of generated ImageNet-like JPEGs, and a short Fashion-MNIST training; print images/s
+# with the GPU's name and append one JSON line (suite "gpu") to
+# docs/results/train_throughput.jsonl. A part that fails is recorded with its error and the
+# others still run (exit 2 at the end).
 #
 #   bash benchmarks/gpu.sh                      # one GPU, batch 256, 60 steps
 #   BATCH=256 STEPS=60 WARMUP=10 COMPILE=1 NPROC=8 bash benchmarks/gpu.sh
@@ -23,6 +26,9 @@
 #   FMNIST_SET  extra KEY=VALUE overrides for the Fashion-MNIST run only (e.g. a train subset)
 #   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
 #   LARS_STEP 0: skip the optimizer-step benchmark (benchmarks/lars_step.py --device cuda)
+#   PEER      0: skip the plain-loop peer (benchmarks/peer_loop.py, one device)
+#   JPEGS     generated 500x375 quality-90 JPEGs for the image-folder run (default 1024; 0 skips
+#             it); the run reads them for as many epochs as STEPS + WARMUP steps need
 #   OUT       scratch folder for the runs (default: a new temporary folder)
 #   CPU_DRY_RUN  1: skip the GPU checks and the install and run everything on the CPU, with
 #             CUDA hidden and gloo between processes (tests/test_gpu_script.py runs it so in CI,
@@ -47,6 +53,18 @@ OUT=${OUT:-$(mktemp -d -t bigbatch-gpu-XXXXXX)}
 mkdir -p "$OUT"
 
 fail() { echo "gpu.sh: $*" >&2; exit "${2:-1}"; }
+FAILED=()
+failed_part() {  # failed_part <name> <log>: recorded in the JSON line, and the script goes on
+    FAILED+=("$1")
+    "$PYTHON" - "$1" "$2" "$OUT/failed-${#FAILED[@]}.json" <<'EOF'
+import json, sys
+name, log, out = sys.argv[1:]
+text = open(log, errors="replace").read()
+said = [line for line in text.splitlines() if line.startswith("bigbatch: ")]  # its one line
+json.dump({"run": name, "error": said[-1] if said else text[-2000:]}, open(out, "w"))
+EOF
+    echo "gpu.sh: $1 failed (log: $2); going on" >&2
+}
 
 # --- a GPU, or a clear no ---------------------------------------------------------------------
 if [ "$CPU_DRY_RUN" = 1 ]; then
@@ -95,7 +113,12 @@ launch() {  # launch <run dir> <bigbatch train arguments...>
             -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
     else
         "$PYTHON" -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
-    fi || { tail -n 30 "$dir.log" >&2; fail "run $dir failed (log: $dir.log)" 2; }
+    fi || { tail -n 30 "$dir.log" >&2; return 1; }
+}
+
+part() {  # part <name> <run dir> <bigbatch train arguments...>: train, then report or record
+    local name=$1 dir=$2; shift 2
+    if launch "$dir" "$@"; then report "$name" "$dir"; else failed_part "$name" "$dir.log"; fi
 }
 
 report() {  # report <name> <run dir>: median images/s after the warm-up, data-wait share
@@ -133,21 +156,53 @@ RESNET=(--recipe imagenet-resnet50-8k --set data.name=synthetic --set data.image
         --set log_every=1 --set checkpoint.keep=1)
 
 echo "ResNet-50, synthetic ${IMAGE_SIZE}x${IMAGE_SIZE}, batch $BATCH per GPU x $NPROC GPU(s), bf16 + channels_last"
-launch "$OUT/resnet50" "${RESNET[@]}"
-report "resnet50 bf16 channels_last" "$OUT/resnet50"
-if [ "$COMPILE" = 1 ]; then  # a compile failure loses only this run
-    if (launch "$OUT/resnet50-compile" "${RESNET[@]}" --set compile=true); then
-        report "resnet50 bf16 channels_last compile" "$OUT/resnet50-compile"
+part "resnet50 bf16 channels_last" "$OUT/resnet50" "${RESNET[@]}"
+if [ "$COMPILE" = 1 ]; then
+    part "resnet50 bf16 channels_last compile" "$OUT/resnet50-compile" "${RESNET[@]}" \
+        --set compile=true
+fi
+
+# The peer: the plain loop an expert would write, same model, batch, precision and layout, its
+# data already on the device; on one device whatever NPROC is (compare per GPU).
+peer() {  # peer <run dir> <name> <peer_loop.py arguments...>
+    local dir=$1 name=$2; shift 2
+    if "$PYTHON" benchmarks/peer_loop.py --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" \
+        --image-size "$IMAGE_SIZE" --name "$name" --output "$dir.json" "$@" > "$dir.log" 2>&1
+    then
+        "$PYTHON" -c "import json, sys; r = json.load(open(sys.argv[1]))
+print(f\"{r['run']}: {r['images_per_second']:,.0f} images/s (median of {r['steps']} steps)\")" \
+            "$dir.json"
     else
-        echo "gpu.sh: the torch.compile run failed (log: $OUT/resnet50-compile.log); going on" >&2
+        failed_part "$name" "$dir.log"
+    fi
+}
+if [ "${PEER:-1}" = 1 ]; then
+    echo "Plain PyTorch loop beside it (benchmarks/peer_loop.py), one device"
+    peer "$OUT/peer" "peer plain loop bf16 channels_last"
+    if [ "$COMPILE" = 1 ]; then
+        peer "$OUT/peer-compile" "peer plain loop bf16 channels_last compile" --compile
+    fi
+fi
+
+# From JPEGs: a generated folder of ImageNet-like files, decoded by the loader workers.
+JPEGS=${JPEGS:-1024}
+if [ "$JPEGS" -gt 0 ]; then
+    echo "ResNet-50 from a folder of $JPEGS generated JPEGs (500x375, quality 90), $WORKERS workers"
+    "$PYTHON" -c "import sys; sys.path.insert(0, 'benchmarks'); import input_pipeline as p
+from pathlib import Path; p.make_folder(Path(sys.argv[1]), int(sys.argv[2]))" \
+        "$OUT/jpegs" "$JPEGS" > "$OUT/jpegs.log" 2>&1 || failed_part "jpeg folder" "$OUT/jpegs.log"
+    JPEG_EPOCHS=$(( (GLOBAL * (STEPS + WARMUP) + JPEGS - 1) / JPEGS ))
+    if [ -d "$OUT/jpegs/train" ]; then
+        part "resnet50 bf16 channels_last jpeg folder" "$OUT/resnet50-jpeg" "${RESNET[@]}" \
+            --set data.name=imagefolder --set data.path="$OUT/jpegs" \
+            --set epochs="$JPEG_EPOCHS" --set eval_every="$JPEG_EPOCHS"
     fi
 fi
 
 echo "Fashion-MNIST, default recipe, $FMNIST_EPOCHS epochs ($FMNIST_WARMUP warm-up), bf16 + channels_last"
-launch "$OUT/fashion-mnist" --set epochs="$FMNIST_EPOCHS" \
+part "fashion-mnist default recipe" "$OUT/fashion-mnist" --set epochs="$FMNIST_EPOCHS" \
     --set schedule.warmup_epochs="$FMNIST_WARMUP" \
     --set precision=bf16 --set channels_last=true --set log_every=1 "${FMNIST_EXTRA[@]}"
-report "fashion-mnist default recipe" "$OUT/fashion-mnist"
 
 "$PYTHON" - "$OUT" "$NPROC" "$BATCH" "$CPU_DRY_RUN" <<'EOF'
 import datetime, glob, json, subprocess, sys, torch
@@ -183,3 +238,4 @@ if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
 fi
 
 echo "runs and logs in $OUT"
+[ "${#FAILED[@]}" -eq 0 ] || fail "${#FAILED[@]} part(s) failed: ${FAILED[*]}" 2

@@ -19,29 +19,53 @@ from pathlib import Path
 from common import RESULTS_DIR, spread
 
 EAGER, COMPILED = "resnet50 bf16 channels_last", "resnet50 bf16 channels_last compile"
+PEER = "peer plain loop bf16 channels_last"
+PEER_COMPILED = "peer plain loop bf16 channels_last compile"
+JPEG = "resnet50 bf16 channels_last jpeg folder"
+# Record by record: the engine against the plain loop beside it, JPEGs against synthetic data.
+RATIOS = {"compiled_over_eager": (COMPILED, EAGER), "engine_over_peer": (EAGER, PEER),
+          "engine_compiled_over_peer_compiled": (COMPILED, PEER_COMPILED),
+          "jpeg_folder_over_synthetic": (JPEG, EAGER)}
 
 
 def summarize(records: list[dict]) -> dict:
-    """Images/s and top-1 per run name, compile/eager per record, medians over the anchors."""
+    """Images/s and top-1 per run name (and how often it failed), the RATIOS per record,
+    medians over the anchors."""
     by_name: dict[str, list[dict]] = {}
+    failed: dict[str, int] = {}
     for record in records:
         for run in record["runs"]:
-            by_name.setdefault(run["run"], []).append(run)
+            if "error" in run:
+                failed[run["run"]] = failed.get(run["run"], 0) + 1
+            else:
+                by_name.setdefault(run["run"], []).append(run)
     runs = {name: {"images_per_second": spread([r["images_per_second"] for r in found]),
-                   "top1": spread([r["top1"] for r in found])}
+                   "top1": top1_spread(found)}
             for name, found in sorted(by_name.items())}
-    pairs = [(_rate(r, COMPILED), _rate(r, EAGER)) for r in records]
-    ratios = [round(c / e, 3) for c, e in pairs if c and e]
+    ratios = {key: record_ratios(records, *names) for key, names in RATIOS.items()}
     anchors = records[-1]["anchors_images_per_second_one_gpu"]
     over_anchors = {name: {anchor: round(stats["images_per_second"]["median"] / value, 3)
                            for anchor, value in anchors.items()}
                     for name, stats in runs.items() if name in (EAGER, COMPILED)}
-    return {"runs": runs, "compiled_over_eager": spread(ratios) if ratios else None,
-            "median_over_anchor": over_anchors, "anchors_images_per_second_one_gpu": anchors}
+    return {"runs": runs, **ratios, "failed": failed, "median_over_anchor": over_anchors,
+            "anchors_images_per_second_one_gpu": anchors}
+
+
+def top1_spread(runs: list[dict]) -> dict | None:
+    """The spread of the runs' top-1 where they have one (the throughput-only peer has none)."""
+    values = [r["top1"] for r in runs if r.get("top1") is not None]
+    return spread(values) if values else None
+
+
+def record_ratios(records: list[dict], over: str, under: str) -> dict | None:
+    """The spread of ``over`` / ``under`` images/s over the records that have both."""
+    pairs = [(_rate(r, over), _rate(r, under)) for r in records]
+    ratios = [round(a / b, 3) for a, b in pairs if a and b]
+    return spread(ratios) if ratios else None
 
 
 def _rate(record: dict, name: str) -> float | None:
-    return next((r["images_per_second"] for r in record["runs"] if r["run"] == name), None)
+    return next((r.get("images_per_second") for r in record["runs"] if r["run"] == name), None)
 
 
 def main(argv: list[str] | None = None) -> int:

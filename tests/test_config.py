@@ -139,3 +139,12 @@ def test_model_flag_starts_from_the_new_models_defaults():
     cfg = resolve_config(overrides=args.overrides, values=values_from_flags(args))
     assert cfg.model.options == {"width": 8}
     assert resolve_config().model.options == {"width": 24}  # the recipe's own options otherwise
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], True), (["exact_reduction=true"], False), (["cudnn_benchmark=false"], False),
+    (["exact_reduction=true", "cudnn_benchmark=true"], True)])
+def test_cudnn_autotuning_is_on_unless_exact_reduction_or_set(overrides, expected):
+    from bigbatch.build import cudnn_benchmark_for
+
+    assert cudnn_benchmark_for(resolve_config(overrides=overrides)) is expected

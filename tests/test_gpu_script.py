@@ -15,18 +15,25 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.sh"
 pytestmark = [pytest.mark.slow, pytest.mark.fashion_mnist]
 
 
-def test_gpu_script_dry_run_records_both_runs(tmp_path):
-    """Tiny sizes, two processes (the torchrun path), the short Fashion-MNIST run's warm-up
-    scaled to its length; the record goes to the scratch folder, not docs/results."""
+def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
+    """gpu.sh on the CPU at tiny sizes, two processes (the torchrun path)."""
     env = dict(os.environ, CPU_DRY_RUN="1", PYTHON=sys.executable, BATCH="2", STEPS="2",
                WARMUP="1", NPROC="2", IMAGE_SIZE="32", WORKERS="0", FMNIST_EPOCHS="1",
                FMNIST_SET="data.train_subset=512 data.val_subset=500 global_batch=256 "
                           "micro_batch=128 model.options.width=8 data.workers=0",
-               OUT=str(tmp_path), OMP_NUM_THREADS="1")
+               JPEGS="8", OUT=str(tmp_path), OMP_NUM_THREADS="1")
+    env.update(settings)
     env.pop("BIGBATCH_FAULT", None)
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_gpu_script_dry_run_records_every_part(tmp_path):
+    """Synthetic ResNet-50, the plain-loop peer, ResNet-50 from generated JPEGs and the short
+    Fashion-MNIST run (its warm-up scaled to its length); the record goes to the scratch folder,
+    not docs/results."""
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
-    run = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
-                         timeout=600)
+    run = dry_run(tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + run_logs(tmp_path)
     recipe = load_recipe("fashion-mnist")
     warmup = round(recipe["schedule"]["warmup_epochs"] / recipe["epochs"], 4)
@@ -34,12 +41,24 @@ def test_gpu_script_dry_run_records_both_runs(tmp_path):
     record = json.loads((tmp_path / "dry-run.jsonl").read_text().splitlines()[-1])
     assert record["gpu"] == "none (CPU dry run)" and record["gpus"] == 2
     runs = {r["run"]: r for r in record["runs"]}
-    assert set(runs) == {"resnet50 bf16 channels_last", "fashion-mnist default recipe"}
+    assert set(runs) == {"resnet50 bf16 channels_last", "fashion-mnist default recipe",
+                         "peer plain loop bf16 channels_last",
+                         "resnet50 bf16 channels_last jpeg folder"}
     assert runs["resnet50 bf16 channels_last"]["steps"] == 2  # STEPS timed, WARMUP dropped
     assert all(r["images_per_second"] > 0 for r in runs.values())
     fashion = json.loads((tmp_path / "fashion-mnist" / "summary.json").read_text())
     assert fashion["world_size"] == 2 and fashion["steps"] == 2
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
+
+
+def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
+    run = dry_run(tmp_path, PEER="0", JPEGS="0", FMNIST_SET="model.options.width=0")
+    assert run.returncode == 2
+    assert "1 part(s) failed: fashion-mnist default recipe" in run.stderr
+    record = json.loads((tmp_path / "dry-run.jsonl").read_text().splitlines()[-1])
+    runs = {r["run"]: r for r in record["runs"]}
+    assert runs["resnet50 bf16 channels_last"]["images_per_second"] > 0
+    assert "width" in runs["fashion-mnist default recipe"]["error"]
 
 
 def run_logs(folder: Path) -> str:

@@ -43,3 +43,20 @@ def test_no_record_of_that_gpu_is_a_one_line_error(tmp_path):
     done = summarize(tmp_path, [gpu_record("G", 1)], "H")
     assert done.returncode != 0 and "gpu_summary:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_engine_over_its_peer_and_failed_parts(tmp_path):
+    """engine_over_peer and jpeg_folder_over_synthetic record by record; a part that failed
+    (its run carries an error, no images/s) is counted, not averaged."""
+    peer, jpeg = "peer plain loop bf16 channels_last", "resnet50 bf16 channels_last jpeg folder"
+    first, second = gpu_record("G", 3000), gpu_record("G", 3300)
+    first["runs"] += [{"run": peer, "images_per_second": 3000 / 0.9, "steps": 60, "top1": None},
+                      {"run": jpeg, "images_per_second": 2400, "steps": 60, "top1": 0.1}]
+    second["runs"] += [{"run": peer, "images_per_second": 3300, "steps": 60, "top1": None},
+                       {"run": jpeg, "error": "bigbatch: error: no images"}]
+    assert summarize(tmp_path, [first, second], "G").returncode == 0
+    [entry] = json.loads((tmp_path / "gpu" / "summary.json").read_text())
+    assert entry["engine_over_peer"]["runs"] == [0.9, 1.0]
+    assert entry["jpeg_folder_over_synthetic"]["runs"] == [0.8]
+    assert entry["failed"] == {jpeg: 1}
+    assert entry["runs"][jpeg]["images_per_second"]["runs"] == [2400]

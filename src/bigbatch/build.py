@@ -144,6 +144,11 @@ def autocast_dtype_for(cfg: RunConfig, device: torch.device) -> torch.dtype | No
     return None
 
 
+def cudnn_benchmark_for(cfg: RunConfig) -> bool:
+    """Whether cuDNN autotunes its convolutions: as set, else on unless exact_reduction."""
+    return not cfg.exact_reduction if cfg.cudnn_benchmark is None else cfg.cudnn_benchmark
+
+
 def workers_for(cfg: RunConfig, ctx: DistContext) -> int:
     """Loader processes per rank: none for in-memory data, else the cores over local ranks."""
     if cfg.data.workers is not None:

@@ -128,6 +128,10 @@ class RunConfig:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    # cuDNN times its convolution algorithms for each new input shape and keeps the fastest
+    # (CUDA only). None: on, unless exact_reduction (the algorithm chosen, and with it the bits,
+    # can differ between processes and runs).
+    cudnn_benchmark: bool | None = None
     threads: int | None = None  # intra-op CPU threads; None: PyTorch's default (all cores)
     # Ranks `bigbatch train` starts on this machine when no launcher did: N, or "auto" (one per
     # core on a CPU-only machine; bigbatch.local_launch)
@@ -197,7 +201,7 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             return None
         raise ConfigError(f"'{name}' cannot be empty")
     try:
-        if hint is bool:
+        if hint is bool or text.startswith("bool"):
             return _to_bool(value, name)
         if hint is int or text.startswith("int"):
             return _to_int(value, name)

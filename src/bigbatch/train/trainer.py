@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigbatch.build import (
     autocast_dtype_for,
+    cudnn_benchmark_for,
     datasets_for,
     geometry_for,
     model_for,
@@ -151,6 +152,11 @@ class Trainer:
         self.forward = torch.compile(self.network) if cfg.compile else self.network
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
         self.autocast_dtype = autocast_dtype_for(cfg, ctx.device)
+        if ctx.device.type == "cuda":
+            torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
+        if cfg.exact_reduction and cfg.cudnn_benchmark and ctx.is_main:
+            log.warning("cudnn_benchmark=true with exact_reduction: cuDNN can choose other "
+                        "convolution algorithms on other processes, and the bits then differ")
         if cfg.precision == "auto" and ctx.is_main:
             log.info("precision auto: %s", "bf16 autocast" if self.autocast_dtype
                      else "fp32 (no native bf16 here)")
