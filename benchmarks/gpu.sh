@@ -26,6 +26,8 @@
 #   FMNIST_SET  extra KEY=VALUE overrides for the Fashion-MNIST run only (e.g. a train subset)
 #   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
 #   LARS_STEP 0: skip the optimizer-step benchmark (benchmarks/lars_step.py --device cuda)
+#   SMALL_BATCH  ResNet-50 micro-batch of the short-step run (default 32, the paper's scale;
+#             0 skips it): each run records the optimizer's share of its step
 #   PEER      0: skip the plain-loop peer (benchmarks/peer_loop.py, one device)
 #   JPEGS     generated 500x375 quality-90 JPEGs for the image-folder run (default 1024; 0 skips
 #             it); the run reads them for as many epochs as STEPS + WARMUP steps need
@@ -123,7 +125,7 @@ part() {  # part <name> <run dir> <bigbatch train arguments...>: train, then rep
 
 report() {  # report <name> <run dir>: median images/s after the warm-up, data-wait share
     "$PYTHON" - "$1" "$2" "$WARMUP" <<'EOF'
-import json, statistics, sys
+import json, statistics, sys, yaml
 name, folder, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3])
 records = [json.loads(line) for line in open(f"{folder}/metrics.jsonl")]
 train = [r for r in records if r["kind"] == "train"]
@@ -135,8 +137,14 @@ evals = [r for r in records if r["kind"] == "eval"]
 top1 = f", test top-1 {evals[-1]['top1']:.2f}%" if evals else ""
 print(f"{name}: {rate:,.0f} images/s (median of {len(steps)} steps; data wait "
       f"{statistics.median(r['time_data'] for r in steps) * 1000:.1f} ms/step){top1}")
+# The optimizer's share of a step: its time over the step's (global batch / images/s).
+batch = yaml.safe_load(open(f"{folder}/config.yaml"))["global_batch"]
+share = statistics.median(r["time_optimizer"] * r["images_per_second"] / batch for r in steps)
 print(json.dumps({"run": name, "images_per_second": round(rate, 1), "steps": len(steps),
-                  "top1": evals[-1]["top1"] if evals else None}), file=open(f"{folder}.json", "w"))
+                  "top1": evals[-1]["top1"] if evals else None,
+                  "optimizer_ms": round(statistics.median(r["time_optimizer"] for r in steps)
+                                        * 1000, 3),
+                  "optimizer_share": round(share, 4)}), file=open(f"{folder}.json", "w"))
 EOF
 }
 
@@ -160,6 +168,16 @@ part "resnet50 bf16 channels_last" "$OUT/resnet50" "${RESNET[@]}"
 if [ "$COMPILE" = 1 ]; then
     part "resnet50 bf16 channels_last compile" "$OUT/resnet50-compile" "${RESNET[@]}" \
         --set compile=true
+fi
+
+# At the paper's scale (32K over 1,000+ GPUs) a GPU holds 16-32 images: the optimizer's share of
+# such a short step, in the record's optimizer_share (every run has it).
+SMALL_BATCH=${SMALL_BATCH:-32}
+if [ "$SMALL_BATCH" -gt 0 ]; then
+    SMALL=$((SMALL_BATCH * NPROC))
+    part "resnet50 bf16 channels_last batch $SMALL_BATCH" "$OUT/resnet50-small" "${RESNET[@]}" \
+        --set global_batch="$SMALL" --set micro_batch="$SMALL_BATCH" \
+        --set data.synthetic_examples=$((SMALL * (STEPS + WARMUP)))
 fi
 
 # The peer: the plain loop an expert would write, same model, batch, precision and layout, its

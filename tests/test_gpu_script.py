@@ -21,7 +21,7 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
                WARMUP="1", NPROC="2", IMAGE_SIZE="32", WORKERS="0", FMNIST_EPOCHS="1",
                FMNIST_SET="data.train_subset=512 data.val_subset=500 global_batch=256 "
                           "micro_batch=128 model.options.width=8 data.workers=0",
-               JPEGS="8", OUT=str(tmp_path), OMP_NUM_THREADS="1")
+               JPEGS="8", SMALL_BATCH="2", OUT=str(tmp_path), OMP_NUM_THREADS="1")
     env.update(settings)
     env.pop("BIGBATCH_FAULT", None)
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
@@ -29,8 +29,8 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
 
 
 def test_gpu_script_dry_run_records_every_part(tmp_path):
-    """Synthetic ResNet-50, the plain-loop peer, ResNet-50 from generated JPEGs and the short
-    Fashion-MNIST run (its warm-up scaled to its length); the record goes to the scratch folder,
+    """Synthetic ResNet-50 at two batches, the plain-loop peer, ResNet-50 from generated JPEGs
+    and the short Fashion-MNIST run (its warm-up scaled to its length); the record goes to the scratch folder,
     not docs/results."""
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
     run = dry_run(tmp_path)
@@ -43,7 +43,9 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     runs = {r["run"]: r for r in record["runs"]}
     assert set(runs) == {"resnet50 bf16 channels_last", "fashion-mnist default recipe",
                          "peer plain loop bf16 channels_last",
-                         "resnet50 bf16 channels_last jpeg folder"}
+                         "resnet50 bf16 channels_last jpeg folder",
+                         "resnet50 bf16 channels_last batch 2"}
+    assert all(0 < runs[name]["optimizer_share"] < 1 for name in runs if "peer" not in name)
     assert runs["resnet50 bf16 channels_last"]["steps"] == 2  # STEPS timed, WARMUP dropped
     assert all(r["images_per_second"] > 0 for r in runs.values())
     fashion = json.loads((tmp_path / "fashion-mnist" / "summary.json").read_text())
@@ -52,7 +54,8 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
-    run = dry_run(tmp_path, PEER="0", JPEGS="0", FMNIST_SET="model.options.width=0")
+    run = dry_run(tmp_path, PEER="0", JPEGS="0", SMALL_BATCH="0",
+                  FMNIST_SET="model.options.width=0")
     assert run.returncode == 2
     assert "1 part(s) failed: fashion-mnist default recipe" in run.stderr
     record = json.loads((tmp_path / "dry-run.jsonl").read_text().splitlines()[-1])
