@@ -30,8 +30,8 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
 
 def test_gpu_script_dry_run_records_every_part(tmp_path):
     """Synthetic ResNet-50 at two batches, the plain-loop peer, ResNet-50 from generated JPEGs
-    and the short Fashion-MNIST run (its warm-up scaled to its length); the record goes to the scratch folder,
-    not docs/results."""
+    and the short Fashion-MNIST run (its warm-up scaled to its length); the record goes to the
+    scratch folder, not docs/results."""
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
     run = dry_run(tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + run_logs(tmp_path)
