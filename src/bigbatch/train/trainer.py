@@ -118,7 +118,10 @@ class Trainer:
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
         check_count(cfg.eval.bn_recompute, self.geometry)  # eval.bn_recompute fits the data
-        self.model = self._build_model()
+        model = self._build_model()
+        self.memory_format = memory_format_for(cfg.channels_last, model, ctx.device,
+                                               warn=ctx.is_main)
+        self.model = model.to(ctx.device, memory_format=self.memory_format)
         self.optimizer = optimizer_for(cfg, self.model)
         self.parameter_names = {id(p): name for name, p in self.model.named_parameters()}
         self.schedule = schedule_for(cfg, self.geometry)
@@ -140,10 +143,7 @@ class Trainer:
             if self.ctx.device.type != "cuda":  # PyTorch's SyncBatchNorm runs on GPUs only
                 raise ConfigError("sync_bn=true needs CUDA GPUs; on CPU use sync_bn=false")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.memory_format = memory_format_for(self.cfg.channels_last, model, self.ctx.device,
-                                               warn=self.ctx.is_main)
-        self.channels_last = self.memory_format == torch.channels_last
-        return model.to(self.ctx.device, memory_format=self.memory_format)
+        return model
 
     def _build_step_parts(self) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -167,7 +167,8 @@ class Trainer:
         self.micro_batches = self._micro_batch_stream()
         self.last_eval: dict[str, float] = {}
         self.precise_bn = (PreciseBN(cfg.eval.bn_recompute, self.train_set, self.geometry,
-                                     cfg.seed, ctx, self.workers, self.channels_last,
+                                     cfg.seed, ctx, self.workers,
+                                     self.memory_format == torch.channels_last,
                                      self.autocast_dtype) if cfg.eval.bn_recompute else None)
         self.recomputed_bn = None  # the last evaluation's recomputed statistics, for final.pt
         self.train_seconds, self.train_images = 0.0, 0
@@ -342,8 +343,8 @@ class Trainer:
 
     def evaluate_model(self) -> dict[str, float]:
         return evaluate(self.model, self.val_set, self.ctx, self.geometry.eval_batch,
-                        self.workers, self.channels_last, self.autocast_dtype,
-                        self.cfg.eval.hflip)
+                        self.workers, self.memory_format == torch.channels_last,
+                        self.autocast_dtype, self.cfg.eval.hflip)
 
     def finish(self) -> dict[str, Any]:
         """Close the logs, evaluate if nothing was evaluated, write summary and final weights."""
