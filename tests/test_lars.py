@@ -406,12 +406,17 @@ def test_lars_has_a_default_lr_for_factories_that_build_by_keyword():
 
 
 def test_build_optimizer_and_the_run_config_take_lars_defaults():
-    """LARS's signature is the defaults' home: build_optimizer reads them, and the run config
-    (which stays free of torch, see bigbatch.config) must agree with them."""
+    """bigbatch.lars_defaults is the defaults' one home: LARS's signature, build_optimizer and
+    the run config (which stays free of torch) all read them."""
+    import dataclasses
+
     from bigbatch.config import OptimConfig
+    from bigbatch.lars_defaults import LARS_DEFAULTS
     from bigbatch.optim.base import keyword_defaults
 
     defaults = keyword_defaults(LARS)
+    assert {k: defaults[k] for k in dataclasses.asdict(LARS_DEFAULTS)} == dataclasses.asdict(
+        LARS_DEFAULTS)
     config = OptimConfig()
     assert {k: getattr(config, k) for k in defaults if hasattr(config, k)} == {
         k: v for k, v in defaults.items() if hasattr(config, k)}

@@ -18,6 +18,7 @@ import yaml
 
 from bigbatch.errors import ConfigError
 from bigbatch.geometry import BatchGeometry
+from bigbatch.lars_defaults import LARS_DEFAULTS
 
 
 @dataclass
@@ -49,20 +50,20 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     # lr, momentum, nesterov, weight_decay, trust_coefficient, eps, clip, fused_compile: LARS's
-    # defaults, whose home is bigbatch.optim.LARS's signature (repeated here so that reading a
-    # config imports no torch; tests/test_lars.py checks that they agree).
+    # defaults, from their one home, bigbatch.lars_defaults.
     name: str = "lars"
-    lr: float = 1.0  # base LR at reference_batch, scaled by lr_scaling to the global batch
+    lr: float = LARS_DEFAULTS.lr  # base LR at reference_batch, scaled by lr_scaling to the batch
     lr_scaling: str = "none"
     reference_batch: int = 256
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
-    trust_coefficient: float = 0.001
-    eps: float = 0.0
-    clip: bool = False
+    momentum: float = LARS_DEFAULTS.momentum
+    nesterov: bool = LARS_DEFAULTS.nesterov
+    weight_decay: float = LARS_DEFAULTS.weight_decay
+    trust_coefficient: float = LARS_DEFAULTS.trust_coefficient
+    eps: float = LARS_DEFAULTS.eps
+    clip: bool = LARS_DEFAULTS.clip
     exclude_bn_and_bias: bool = True
-    fused_compile: bool = False  # LARS update through torch.compile: faster steps, slow first one
+    # LARS update through torch.compile: faster steps, slow first one
+    fused_compile: bool = LARS_DEFAULTS.fused_compile
 
 
 @dataclass

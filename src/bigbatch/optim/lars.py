@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bigbatch.lars_defaults import LARS_DEFAULTS
 from bigbatch.optim import lars_kernel
 from bigbatch.optim.base import Optimizer
 
@@ -87,15 +88,15 @@ class LARS(Optimizer):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1.0,
-        momentum: float = 0.9,
-        weight_decay: float = 5e-4,
-        trust_coefficient: float = 0.001,
-        eps: float = 0.0,
-        clip: bool = False,
-        nesterov: bool = False,
+        lr: float = LARS_DEFAULTS.lr,
+        momentum: float = LARS_DEFAULTS.momentum,
+        weight_decay: float = LARS_DEFAULTS.weight_decay,
+        trust_coefficient: float = LARS_DEFAULTS.trust_coefficient,
+        eps: float = LARS_DEFAULTS.eps,
+        clip: bool = LARS_DEFAULTS.clip,
+        nesterov: bool = LARS_DEFAULTS.nesterov,
         *,
-        fused_compile: bool = False,
+        fused_compile: bool = LARS_DEFAULTS.fused_compile,
         bucket_bytes: int | None = None,
     ) -> None:
         _check_hyperparameters(lr, momentum, weight_decay, trust_coefficient, eps, nesterov)
