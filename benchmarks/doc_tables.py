@@ -26,6 +26,8 @@ from figures import (
     read_jsonl,
     runs_text,
 )
+from study90 import BASELINE_BATCH, BATCHES, MATCHED_32K, WARMUP
+from study90_verdict import cell, imagenet_batch
 
 Table = Callable[[Path], str]
 TABLES: dict[str, Table] = {}
@@ -254,9 +256,32 @@ def batch_scaling_20ep_seeds(results: Path) -> str:
     return sweep_seeds_table(results, "batch_scaling_20ep")
 
 
+def study90_verdict_record(results: Path) -> dict:
+    return read_json(results / "batch_scaling_90ep" / "verdict.json")
+
+
 @table("batch-scaling-90ep")
 def batch_scaling_90ep(results: Path) -> str:
-    return sweep_table(results, "batch_scaling_90ep")
+    """Each point at the warmup its verdict uses (the one chosen at the 32K-matched batch)."""
+    record = study90_verdict_record(results)
+    chosen = {row["series"]: row["warmup"] for row in record["warmup"] if row["chosen"]}
+    at = {(p["batch"], p["series"]): p for p in record["points"]
+          if p["warmup"] == (chosen.get(p["series"], WARMUP) if p["batch"] == MATCHED_32K
+                             else WARMUP)}
+    series = list(dict.fromkeys(name for batch, name in at if batch != BASELINE_BATCH))
+    rows = [[f"{batch} (≙ {imagenet_batch(batch)})" if batch != BASELINE_BATCH
+             else f"{batch} (the baseline)",
+             *(cell(at.get((batch, name)), details=False) if (batch, name) in at else "—"
+               for name in series)]
+            for batch in (BASELINE_BATCH, *BATCHES)]
+    return markdown(["batch (≙ ImageNet)", *(SERIES.get(name, name) for name in series)], rows)
+
+
+@table("batch-scaling-90ep-verdict")
+def batch_scaling_90ep_verdict(results: Path) -> str:
+    claims = study90_verdict_record(results)["claims"]
+    return markdown(["claim", "verdict"],
+                    ([f"{c['claim']}. {c['text']}", c["outcome"]] for c in claims))
 
 
 # ----------------------------------------------------------------------------- reliability

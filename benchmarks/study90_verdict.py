@@ -551,8 +551,8 @@ def twenty_lines(compared: dict[str, Any] | None, prose: str | None) -> list[str
                      f"{signed(t['lars_minus_sgd'])} |")
     lines += ["", "### Why the two verdicts differ", ""]
     lines += [prose.strip()] if prose else [
-        f"**[To be written by the lead: put the text in {PROSE_FILE} beside this file; the next "
-        "report includes it here.]**"]
+        f"*Not written yet: the explanation goes in {PROSE_FILE} beside this file, and the "
+        "next report includes it here.*"]
     return lines + [""]
 
 
