@@ -1,6 +1,7 @@
 """Time one optimizer step on ResNet-50's parameters: bigbatch LARS and LAMB, PyTorch's, timm's.
 
-    python benchmarks/lars_step.py [--repeats 30] [--threads 2] [--no-compile] [--device cpu]
+    python benchmarks/lars_step.py [--repeats 30] [--threads 2] [--no-compile] [--only NAME,...]
+                                   [--device cpu]
 
 Every optimizer owns its own copy of ResNet-50's 161 parameter tensors (25.6M values) with fixed
 random gradients. The steps are interleaved (one step of each per repetition, order rotated) so
@@ -18,6 +19,7 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
                  compiled kernel where it was built
   lars_eager     the same on its eager multi-tensor path (the fallback without the kernel)
   lars_compiled  LARS(fused_compile=True) (compile time reported separately)
+  lamb_compiled  LAMB(fused_compile=True), the same (the CPU kernel is not used)
   timm_lars      timm.optim.Lars (LR outside the momentum buffer, eps 1e-8)
   lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted: on CPU the
                  compiled kernel where it was built
@@ -38,7 +40,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -54,7 +56,8 @@ RATIOS = [("lars", "sgd_fused"), ("lars_eager", "sgd_fused"), ("lars_compiled", 
           ("lars", "sgd_wd"), ("lars", "timm_lars"), ("lars", "lars_eager"),
           ("adamw_fused", "sgd_fused"), ("lamb", "adamw_fused"), ("lamb_eager", "adamw_fused"),
           ("timm_lamb", "adamw_fused"), ("lamb", "lamb_eager"), ("lamb", "lars"),
-          ("lamb_one_pass", "adamw_fused"), ("lamb", "lamb_one_pass")]
+          ("lamb_one_pass", "adamw_fused"), ("lamb", "lamb_one_pass"),
+          ("lamb_compiled", "adamw_fused"), ("lamb_compiled", "lamb")]
 TARGETS = {"lars/sgd_fused <=": 1.3, "lamb/adamw_fused <=": 1.3}
 
 
@@ -66,7 +69,12 @@ def resnet50_params_with_grads(device: torch.device, seed: int) -> list[torch.nn
     return params
 
 
-def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch.optim.Optimizer]:
+COMPILED = ("lars_compiled", "lamb_compiled")
+
+
+def make_optimizers(device: torch.device, with_compile: bool,
+                    only: Sequence[str] | None = None) -> dict[str, torch.optim.Optimizer]:
+    """Each contender over its own copy of the parameters (``only``: these contenders alone)."""
     from timm.optim import Lamb, Lars
 
     def params() -> list[torch.nn.Parameter]:
@@ -74,22 +82,31 @@ def make_optimizers(device: torch.device, with_compile: bool) -> dict[str, torch
 
     sgd = dict(lr=LR, momentum=MOMENTUM)
     lars = dict(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    optimizers: dict[str, torch.optim.Optimizer] = {
-        "sgd": torch.optim.SGD(params(), **sgd, foreach=True),
-        "sgd_wd": torch.optim.SGD(params(), **sgd, weight_decay=WEIGHT_DECAY, foreach=True),
-        "sgd_fused": torch.optim.SGD(params(), **sgd, weight_decay=WEIGHT_DECAY, fused=True),
-        "adamw_fused": torch.optim.AdamW(params(), fused=True),
-        "lars": LARS(params(), **lars),
-        "lars_eager": EagerLARS(params(), **lars),
-        "timm_lars": Lars(params(), **lars),
-        "lamb": LAMB(params(), lr=1e-3, weight_decay=0.01),
-        "lamb_eager": EagerLAMB(params(), lr=1e-3, weight_decay=0.01),
-        "lamb_one_pass": LAMB([{"params": params(), "lars": False}], lr=1e-3, weight_decay=0.01),
-        "timm_lamb": Lamb(params(), lr=1e-3, weight_decay=0.01, max_grad_norm=None),
+    lamb = dict(lr=1e-3, weight_decay=0.01)
+    factories: dict[str, Callable[[], torch.optim.Optimizer]] = {
+        "sgd": lambda: torch.optim.SGD(params(), **sgd, foreach=True),
+        "sgd_wd": lambda: torch.optim.SGD(params(), **sgd, weight_decay=WEIGHT_DECAY,
+                                          foreach=True),
+        "sgd_fused": lambda: torch.optim.SGD(params(), **sgd, weight_decay=WEIGHT_DECAY,
+                                             fused=True),
+        "adamw_fused": lambda: torch.optim.AdamW(params(), fused=True),
+        "lars": lambda: LARS(params(), **lars),
+        "lars_eager": lambda: EagerLARS(params(), **lars),
+        "timm_lars": lambda: Lars(params(), **lars),
+        "lamb": lambda: LAMB(params(), **lamb),
+        "lamb_eager": lambda: EagerLAMB(params(), **lamb),
+        "lamb_one_pass": lambda: LAMB([{"params": params(), "lars": False}], **lamb),
+        "timm_lamb": lambda: Lamb(params(), **lamb, max_grad_norm=None),
+        "lars_compiled": lambda: LARS(params(), **lars, fused_compile=True),
+        "lamb_compiled": lambda: LAMB(params(), **lamb, fused_compile=True),
     }
-    if with_compile:
-        optimizers["lars_compiled"] = LARS(params(), **lars, fused_compile=True)
-    return optimizers
+    unknown = sorted(set(only or ()) - set(factories))
+    if unknown:
+        raise SystemExit(f"lars_step.py: unknown contenders {', '.join(unknown)}; choose from "
+                         + ", ".join(factories))
+    chosen = [name for name in factories if (name in only if only else
+                                             with_compile or name not in COMPILED)]
+    return {name: factories[name]() for name in chosen}
 
 
 class EagerLARS(LARS):
@@ -152,24 +169,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
-                        help="skip LARS(fused_compile=True) (its compile takes ~1 min on 2 cores)")
+                        help="skip LARS and LAMB with fused_compile=True (each compile takes "
+                             "a minute or more on 2 cores)")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None,
+                        metavar="NAME,...", help="time these contenders alone (names above)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="JSONL file to append to")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    optimizers = make_optimizers(device, args.compile)
-    compile_s = None
-    if args.compile:  # the first compiled step compiles; time it apart from the steady state
-        compile_s = round(timed(optimizers["lars_compiled"].step, device), 1)
+    optimizers = make_optimizers(device, args.compile, args.only)
+    # The first compiled step compiles: timed apart from the steady state.
+    compile_s = {name: round(timed(optimizers[name].step, device), 1)
+                 for name in COMPILED if name in optimizers}
     times = interleaved_times(optimizers, args.repeats, args.warmup, device)
 
     ratios = {f"{num}/{den}": ratio_summary(times, num, den)
               for num, den in RATIOS if num in times and den in times}
+    first = next(iter(optimizers.values()))
     record = {
         "benchmark": "lars_step", "model": "resnet50",
-        "tensors": len(optimizers["lars"].param_groups[0]["params"]),
-        "values": sum(p.numel() for p in optimizers["lars"].param_groups[0]["params"]),
+        "tensors": len(first.param_groups[0]["params"]),
+        "values": sum(p.numel() for p in first.param_groups[0]["params"]),
         "repeats": args.repeats, "warmup": args.warmup,
         "median_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()},
         "min_ms": {k: round(min(v) * 1e3, 2) for k, v in times.items()},

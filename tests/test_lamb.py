@@ -262,3 +262,31 @@ def test_step_bumps_the_version_of_weights_and_moments():
     versions = [t._version for t in tensors]
     opt.step()
     assert all(t._version > v for t, v in zip(tensors, versions, strict=True))
+
+
+@pytest.mark.slow
+def test_fused_compile_follows_algorithm_2_and_compiles_once_per_group(lamb_path):
+    """The compiled update over five steps of changing LR: Algorithm 2 by hand to float32
+    rounding, the eager step alike, and one graph per group however the LR and step move."""
+    if lamb_path == "kernel":
+        pytest.skip("fused_compile bypasses the CPU kernel: one run is enough")
+    from torch._dynamo.utils import counters
+
+    compiled = [nn.Parameter(p.detach().float()) for p in make_params()]
+    eager = [nn.Parameter(p.detach().float()) for p in make_params()]
+    opts = [LAMB(groups(compiled), lr=LRS[0], fused_compile=True), LAMB(groups(eager), lr=LRS[0])]
+    torch._dynamo.reset()
+    counters.clear()
+    for step in range(5):
+        for opt, params in zip(opts, (compiled, eager), strict=True):
+            for p, g in zip(params, grads_for(step), strict=True):
+                p.grad = g.float()
+            for group in opt.param_groups:
+                group["lr"] = LRS[step]
+            opt.step()
+    assert counters["stats"]["unique_graphs"] == 2  # the adapted group and the excluded one
+    adapted = [p.ndim > 1 for p in compiled]
+    want = hand_lamb(5, adapted, [0.01 if a else 0.0 for a in adapted])
+    for p, q, x in zip(compiled, eager, want, strict=True):
+        torch.testing.assert_close(p.detach().double(), x, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)

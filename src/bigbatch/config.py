@@ -62,7 +62,7 @@ class OptimConfig:
     eps: float = LARS_DEFAULTS.eps
     clip: bool = LARS_DEFAULTS.clip
     exclude_bn_and_bias: bool = True
-    # LARS update through torch.compile: faster steps, slow first one
+    # LARS or LAMB update through torch.compile: faster steps on a GPU, slow first one
     fused_compile: bool = LARS_DEFAULTS.fused_compile
 
 

@@ -30,9 +30,9 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, exclude_bn_and_bi
     has no weight decay under SGD too. "sgd" is ``torch.optim.SGD(foreach=True)`` (LR outside
     the momentum buffer, PyTorch style; trust_coefficient, eps and clip do not apply). ``lr`` is
     the initial LR: the training loop sets ``group["lr"]`` from the schedule every step.
-    ``fused_compile`` runs the LARS update through torch.compile (faster per step, a one-off
-    compile first). "lamb" is :class:`LAMB` with β₁ = ``momentum``, LAMB's β₂, and ε = ``eps``
-    (0, LARS's default, means LAMB's); trust_coefficient, clip, nesterov and fused_compile do not
+    ``fused_compile`` runs the LARS or LAMB update through torch.compile (faster per step on a
+    GPU, a one-off compile first). "lamb" is :class:`LAMB` with β₁ = ``momentum``, LAMB's β₂, and
+    ε = ``eps`` (0, LARS's default, means LAMB's); trust_coefficient, clip and nesterov do not
     apply.
     """
     if name not in OPTIMIZERS:
@@ -48,6 +48,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, exclude_bn_and_bi
     if name == "lamb":
         lamb = keyword_defaults(LAMB)
         return LAMB(groups, lr, betas=(o["momentum"], lamb["betas"][1]),
-                    eps=o["eps"] or lamb["eps"], weight_decay=o["weight_decay"])
+                    eps=o["eps"] or lamb["eps"], weight_decay=o["weight_decay"],
+                    fused_compile=o["fused_compile"])
     return torch.optim.SGD(groups, lr=lr, momentum=o["momentum"], weight_decay=o["weight_decay"],
                            nesterov=o["nesterov"], foreach=True)

@@ -39,6 +39,8 @@ from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
 
 # Group keys that parametrise the update (the rest, e.g. "names", ride along untouched).
 _UPDATE_KEYS = ("lr", "betas", "eps", "weight_decay", "lars")
+# What the compiled update's graph bakes in: changing one recompiles (the LR does not).
+_GRAPH_KEYS = ("betas", "eps", "weight_decay", "lars")
 
 
 class LAMB(Optimizer):
@@ -52,6 +54,11 @@ class LAMB(Optimizer):
         eps: ε, added to √v̂, default 1e-6.
         weight_decay: λ, default 0.01, added to the Adam step before the trust ratio.
         lars: group key, default True; False skips the trust ratio for the group's tensors.
+        fused_compile: default False (also a group key). Run the group's update through
+            ``torch.compile`` (on a GPU: a few fused kernels in place of some twenty multi-tensor
+            launches; a one-off compile first), the LR and the bias corrections passed as
+            tensors so that neither the schedule nor the step count recompiles it. Matches the
+            eager step to float32 rounding (the fused arithmetic rounds differently).
         bucket_bytes: cache-blocking size on CPU (as for LARS), None: 4 MiB on CPU.
 
     State per parameter: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``step`` (t, a host integer); m
@@ -63,12 +70,14 @@ class LAMB(Optimizer):
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01, *, bucket_bytes: int | None = None) -> None:
+                 weight_decay: float = 0.01, *, fused_compile: bool = False,
+                 bucket_bytes: int | None = None) -> None:
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, lars=True,
-                        bucket_bytes=bucket_bytes)
+                        fused_compile=fused_compile, bucket_bytes=bucket_bytes)
         super().__init__(params, defaults)
         for group in self.param_groups:
             _check_hyperparameters(group)
+        self._compiled: Callable[..., None] | None = None
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -81,6 +90,9 @@ class LAMB(Optimizer):
         for group in self.param_groups:
             params, grads, avgs, avg_sqs, steps = self._tensors_with_grad(group)
             if not params:
+                continue
+            if group["fused_compile"]:
+                self._compiled_update(params, grads, avgs, avg_sqs, steps, group)
                 continue
             limit = _bucket_limit(group, params[0].device)
             if limit is not None and lamb_kernel.supports(params, grads, avgs, avg_sqs):
@@ -111,6 +123,22 @@ class LAMB(Optimizer):
         return params, grads, avgs, avg_sqs, steps
 
 
+    def _compiled_update(self, params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
+                         avg_sqs: list[Tensor], steps: list[int], group: dict[str, Any]) -> None:
+        """:func:`_lamb_update` through ``torch.compile`` over the whole group (it fuses per
+        tensor by itself), the step-dependent numbers as tensors copied to the device."""
+        if self._compiled is None:
+            self._compiled = torch.compile(_lamb_update, fullgraph=True, dynamic=False)
+        beta1, beta2 = group["betas"]
+        numbers = torch.tensor([[1.0 / (1.0 - beta1**t) for t in steps],
+                                [1.0 / math.sqrt(1.0 - beta2**t) for t in steps],
+                                [group["lr"]] * len(steps)],
+                               dtype=torch.promote_types(params[0].dtype, torch.float32))
+        r1, r2, lr = numbers.to(params[0].device, non_blocking=True)
+        self._compiled(params, grads, avgs, avg_sqs, list(r1.unbind(0)), list(r2.unbind(0)),
+                       lr[0], **{key: group[key] for key in _GRAPH_KEYS})
+
+
 def _check_hyperparameters(group: dict[str, Any]) -> None:
     beta1, beta2 = group["betas"]
     if not group["lr"] >= 0.0:
@@ -127,23 +155,37 @@ def _bucket_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor]
                    avg_sqs: list[Tensor], steps: list[int], group: dict[str, Any]) -> None:
     """Algorithm 2 on a list of same-device, same-dtype tensors."""
     beta1, beta2 = group["betas"]
+    _lamb_update(params, grads, avgs, avg_sqs, [1.0 / (1.0 - beta1**t) for t in steps],
+                 [1.0 / math.sqrt(1.0 - beta2**t) for t in steps], group["lr"],
+                 **{key: group[key] for key in _GRAPH_KEYS})
+
+
+def _lamb_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
+                 avg_sqs: list[Tensor], r1: list[float] | list[Tensor],
+                 r2: list[float] | list[Tensor], lr: float | Tensor, *,
+                 betas: tuple[float, float], eps: float, weight_decay: float,
+                 lars: bool) -> None:
+    """Algorithm 2 with the reciprocal bias corrections r1 = 1/(1 − β₁ᵗ), r2 = 1/√(1 − β₂ᵗ), one
+    per tensor: Python numbers in the eager step, 0-d tensors (as is the LR) in the compiled one,
+    which is then traced once for the whole run."""
+    beta1, beta2 = betas
     torch._foreach_lerp_(avgs, grads, 1.0 - beta1)
     torch._foreach_mul_(avg_sqs, beta2)
     torch._foreach_addcmul_(avg_sqs, grads, grads, value=1.0 - beta2)
-    # r = (m · (1 / (1 − β₁ᵗ))) / (√v · (1 / √(1 − β₂ᵗ)) + ε): one division an element
+    # r = (m · r1) / (√v · r2 + ε): one division an element
     denom = torch._foreach_sqrt(avg_sqs)
-    torch._foreach_mul_(denom, [1.0 / math.sqrt(1.0 - beta2**t) for t in steps])
-    torch._foreach_add_(denom, group["eps"])
-    update = torch._foreach_mul(avgs, [1.0 / (1.0 - beta1**t) for t in steps])
+    torch._foreach_mul_(denom, r2)
+    torch._foreach_add_(denom, eps)
+    update = torch._foreach_mul(avgs, r1)
     torch._foreach_div_(update, denom)
-    if group["weight_decay"] != 0.0:
-        torch._foreach_add_(update, params, alpha=group["weight_decay"])
-    if not group["lars"]:
-        torch._foreach_add_(params, update, alpha=-group["lr"])
-        return
-    ratios = lamb_trust_ratio(torch.stack(torch._foreach_norm(params)),
-                              torch.stack(torch._foreach_norm(update)))
-    torch._foreach_mul_(update, (ratios * -group["lr"]).unbind(0))
+    if weight_decay != 0.0:
+        torch._foreach_add_(update, params, alpha=weight_decay)
+    if lars:
+        ratios = lamb_trust_ratio(torch.stack(torch._foreach_norm(params)),
+                                  torch.stack(torch._foreach_norm(update)))
+        torch._foreach_mul_(update, (ratios * -lr).unbind(0))
+    else:
+        torch._foreach_mul_(update, -lr)
     torch._foreach_add_(params, update)
 
 
