@@ -271,7 +271,7 @@ def batch_scaling_90ep(results: Path) -> str:
     series = list(dict.fromkeys(name for batch, name in at if batch != BASELINE_BATCH))
     rows = [[f"{batch} (≙ {imagenet_batch(batch)})" if batch != BASELINE_BATCH
              else f"{batch} (the baseline)",
-             *(cell(at.get((batch, name)), details=False) if (batch, name) in at else "—"
+             *(cell(at[(batch, name)], details=False) if (batch, name) in at else "—"
                for name in series)]
             for batch in (BASELINE_BATCH, *BATCHES)]
     return markdown(["batch (≙ ImageNet)", *(SERIES.get(name, name) for name in series)], rows)

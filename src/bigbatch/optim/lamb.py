@@ -38,9 +38,9 @@ from bigbatch.optim.base import Optimizer
 from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
 
 # Group keys that parametrise the update (the rest, e.g. "names", ride along untouched).
-_UPDATE_KEYS = ("lr", "betas", "eps", "weight_decay", "lars")
 # What the compiled update's graph bakes in: changing one recompiles (the LR does not).
 _GRAPH_KEYS = ("betas", "eps", "weight_decay", "lars")
+_UPDATE_KEYS = ("lr", *_GRAPH_KEYS)
 
 
 class LAMB(Optimizer):
@@ -122,16 +122,13 @@ class LAMB(Optimizer):
             steps.append(state["step"])
         return params, grads, avgs, avg_sqs, steps
 
-
     def _compiled_update(self, params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
                          avg_sqs: list[Tensor], steps: list[int], group: dict[str, Any]) -> None:
         """:func:`_lamb_update` through ``torch.compile`` over the whole group (it fuses per
         tensor by itself), the step-dependent numbers as tensors copied to the device."""
         if self._compiled is None:
             self._compiled = torch.compile(_lamb_update, fullgraph=True, dynamic=False)
-        beta1, beta2 = group["betas"]
-        numbers = torch.tensor([[1.0 / (1.0 - beta1**t) for t in steps],
-                                [1.0 / math.sqrt(1.0 - beta2**t) for t in steps],
+        numbers = torch.tensor([*_bias_corrections(group["betas"], steps),
                                 [group["lr"]] * len(steps)],
                                dtype=torch.promote_types(params[0].dtype, torch.float32))
         r1, r2, lr = numbers.to(params[0].device, non_blocking=True)
@@ -154,10 +151,16 @@ def _check_hyperparameters(group: dict[str, Any]) -> None:
 def _bucket_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
                    avg_sqs: list[Tensor], steps: list[int], group: dict[str, Any]) -> None:
     """Algorithm 2 on a list of same-device, same-dtype tensors."""
-    beta1, beta2 = group["betas"]
-    _lamb_update(params, grads, avgs, avg_sqs, [1.0 / (1.0 - beta1**t) for t in steps],
-                 [1.0 / math.sqrt(1.0 - beta2**t) for t in steps], group["lr"],
-                 **{key: group[key] for key in _GRAPH_KEYS})
+    _lamb_update(params, grads, avgs, avg_sqs, *_bias_corrections(group["betas"], steps),
+                 group["lr"], **{key: group[key] for key in _GRAPH_KEYS})
+
+
+def _bias_corrections(betas: tuple[float, float],
+                      steps: list[int]) -> tuple[list[float], list[float]]:
+    """r1 = 1/(1 − β₁ᵗ) and r2 = 1/√(1 − β₂ᵗ) of each tensor's step count t."""
+    beta1, beta2 = betas
+    return ([1.0 / (1.0 - beta1**t) for t in steps],
+            [1.0 / math.sqrt(1.0 - beta2**t) for t in steps])
 
 
 def _lamb_update(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
