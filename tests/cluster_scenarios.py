@@ -152,6 +152,7 @@ def run_scenario(scenario: Scenario, work: Path, reference: Path, net: int) -> d
             every += list(again.values())
         row["restarts"] = sum(log_text(agent).count("resumed from") for agent in every)
         row["stragglers"] = summary(run_dir).get("stragglers")
+        row["sent_bytes_per_step"] = cluster.sent_bytes(scenario.survivor) / STEPS
         exposed = [r["time_comm_exposed"] for r in train_records(run_dir)]
         row["comm_exposed_median"] = median(exposed) if exposed else None
     row["leftover_namespaces"] = cluster.leftovers()

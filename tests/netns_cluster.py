@@ -30,6 +30,7 @@ Needs root (CAP_NET_ADMIN) and iproute2 (``ip``, ``tc``); :func:`unavailable` sa
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -216,6 +217,12 @@ class Cluster:
 
     def restore(self, index: int) -> None:
         ip("-n", self.switch, "link", "set", self.node(index).port, "up")
+
+    def sent_bytes(self, index: int) -> int:
+        """Bytes the node has sent on its link so far (the interface's counter)."""
+        link = json.loads(ip("-n", self.node(index).namespace, "-s", "-j", "link", "show",
+                             "dev", INTERFACE))
+        return int(link[0]["stats64"]["tx"]["bytes"])
 
     def shape(self, index: int, rate: str, burst: str = "64kb", latency: str = "200ms") -> None:
         """Limit the node's link to ``rate`` (tc units, e.g. 200mbit) in both directions."""

@@ -68,10 +68,13 @@ def test_clean_run_across_the_link_is_the_one_process_run(work, reference):
 
 
 def test_a_200_mbit_link_is_seen_in_the_communication_time(work, reference):
+    """A step's communication cannot take less than the link needs for the bytes the step sends
+    (node 1's interface counter over the run, per step): at least 0.7 of that floor is seen. An
+    unshaped link carries the same bytes in a fraction of it."""
     row = row_of("shaped_200mbit", work, reference)
     assert_same_answer(row)
-    clean = row_of("clean", work, reference)
-    assert row["comm_exposed_median"] > 2 * clean["comm_exposed_median"], (row, clean)
+    floor = row["sent_bytes_per_step"] * 8 / 200e6
+    assert row["comm_exposed_median"] >= 0.7 * floor, (row, floor)
 
 
 def test_a_link_cut_for_good_is_named_and_the_survivor_finishes_alone(work, reference):
