@@ -27,7 +27,7 @@ from figures import (
     runs_text,
 )
 from study90 import BASELINE_BATCH, BATCHES, MATCHED_32K, WARMUP
-from study90_verdict import cell, imagenet_batch
+from study90_text import cell, imagenet_batch
 
 Table = Callable[[Path], str]
 TABLES: dict[str, Table] = {}
@@ -469,8 +469,11 @@ SUITE_BASES = {"threads": "PyTorch's default (all cores, spinning wait)",
 
 
 def suite_precision(record: dict) -> str:
-    """', bf16' where a peer comparison ran under bf16 autocast (its command says so)."""
-    return ", bf16" if "precision=bf16" in record.get("commands", {}).get("bigbatch", "") else ""
+    """', bf16', ', channels_last' or both where a peer comparison ran so (its command says)."""
+    command = record.get("commands", {}).get("bigbatch", "")
+    options = [name for name, flag in (("bf16", "precision=bf16"),
+                                       ("channels_last", "channels_last=True")) if flag in command]
+    return f", {' + '.join(options)}" if options else ""
 
 
 def suite_rows(results: Path, suite: str) -> Iterable[list[str]]:

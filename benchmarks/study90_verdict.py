@@ -58,6 +58,7 @@ from study90 import (  # noqa: E402
     WARMUP,
     Job,
 )
+from study90_text import TRAIN_EXAMPLES, cell, imagenet_batch  # noqa: E402
 
 from bigbatch import geometry  # noqa: E402
 from bigbatch.tools.plot import OPTIMIZER_STYLE, new_figure, save  # noqa: E402
@@ -71,10 +72,7 @@ from bigbatch.tools.sweep.records import (  # noqa: E402
 from bigbatch.tools.sweep.search import FAILED_MARGIN_POINTS, next_extension  # noqa: E402
 from bigbatch.tools.sweep.series import SERIES, LRRule  # noqa: E402
 
-TRAIN_EXAMPLES = 60_000  # Fashion-MNIST
 FAILED_BELOW = 100 / 10 + FAILED_MARGIN_POINTS  # a run this near chance (10 classes) collapsed
-PAPER_BATCHES = {8192: "8K", 16384: "16K", 32768: "32K", 65536: "64K"}
-PAPER_MATCH = 0.02  # an ImageNet-equivalent batch within 2% of a paper batch takes its name
 BASELINE_WITHIN, AHEAD_BY, MATCH_WITHIN = 1.0, 3.0, 1.0
 MATCHED_64K = 3072
 SERIES_ORDER = ("sgd", "nesterov", "lars-paper", "lamb")
@@ -240,15 +238,6 @@ def load_study(sweeps: Path) -> list[JobRecord]:
 
 
 # ----------------------------------------------------------------------------- the points
-
-
-def imagenet_batch(batch: int) -> str:
-    """The ImageNet batch with the same steps per epoch, named as the paper's where it matches."""
-    equivalent = batch * IMAGENET_TRAIN / TRAIN_EXAMPLES
-    for paper, name in PAPER_BATCHES.items():
-        if abs(equivalent / paper - 1) <= PAPER_MATCH:
-            return name
-    return str(round(equivalent))
 
 
 def all_points(jobs: list[JobRecord]) -> list[Point]:
@@ -445,25 +434,6 @@ def side_by_side(points: list[Point], study20: Path) -> dict[str, Any] | None:
 
 
 # ----------------------------------------------------------------------------- Markdown
-
-
-def cell(stats: dict[str, Any] | None, details: bool = True) -> str:
-    """A point's value: mean ± std (range) of its seeds, or the one number with its seeds' state."""
-    if stats is None:
-        return "not finished"
-    if stats["diverged"]:
-        return "diverged (0)"
-    text = f"{stats['value']:.2f}"
-    if stats["std"] is not None:
-        text += f" ± {stats['std']:.2f} ({stats['range'][0]:.2f}–{stats['range'][1]:.2f})"
-    if not stats["seeded"]:
-        text += f" (seed{'s' if len(stats['seeds']) > 1 else ''} {', '.join(stats['seeds'])} only)"
-    if stats["diverged_seeds"]:
-        text += f" (seed {', '.join(stats['diverged_seeds'])} diverged, left out)"
-    if details:
-        text += f", LR {stats['lr']:.3g}" + (", LR at grid edge" if stats["at_edge"] else "")
-        text += f", warmup {stats['warmup']:g}" if stats["warmup"] != WARMUP else ""
-    return text
 
 
 def difference(row: dict[str, Any]) -> str:

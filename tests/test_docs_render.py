@@ -33,7 +33,9 @@ def copy_of_docs(tmp_path: Path) -> Path:
 
 
 def check(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARKS / "render_docs.py"), "--check",
+    """render_docs.py --check with no site-packages (-S): `make docs` runs on the system Python,
+    so the renderer may use the standard library only."""
+    return subprocess.run([sys.executable, "-S", str(BENCHMARKS / "render_docs.py"), "--check",
                            "--root", str(root)], capture_output=True, text=True)
 
 
