@@ -26,6 +26,7 @@
 #   FMNIST_SET  extra KEY=VALUE overrides for the Fashion-MNIST run only (e.g. a train subset)
 #   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
 #   LARS_STEP 0: skip the optimizer-step benchmark (benchmarks/lars_step.py --device cuda)
+#   COMPILED_STEP_S  time limit of its second run, the compiled LARS and LAMB (default 240 s)
 #   SMALL_BATCH  ResNet-50 micro-batch of the short-step run (default 32, the paper's scale;
 #             0 skips it): each run records the optimizer's share of its step
 #   PEER      0: skip the plain-loop peer (benchmarks/peer_loop.py, one device)
@@ -250,6 +251,14 @@ if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
             > "$OUT/lars_step.out" \
         && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/lars_step.out" \
         || echo "gpu.sh: benchmarks/lars_step.py failed (the throughput record above is kept)" >&2
+        # The compiled LARS and LAMB steps (one traced update per parameter group) beside the
+        # same baselines, as a separate record: compiling may take minutes, so it is bounded.
+        echo "Optimizer step, compiled LARS and LAMB (at most ${COMPILED_STEP_S:-240} s)"
+        timeout "${COMPILED_STEP_S:-240}" "$PYTHON" benchmarks/lars_step.py --device cuda \
+            --repeats 30 --only sgd_fused,adamw_fused,lars,lamb,lars_compiled,lamb_compiled \
+            > "$OUT/lars_step_compiled.out" \
+        && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/lars_step_compiled.out" \
+        || echo "gpu.sh: the compiled optimizer-step run failed or ran out of time" >&2
     else
         echo "Optimizer step: skipped (timm is not installed: pip install -e '.[dev]')"
     fi
