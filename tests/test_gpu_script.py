@@ -21,7 +21,11 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
                WARMUP="1", NPROC="2", IMAGE_SIZE="32", WORKERS="0", FMNIST_EPOCHS="1",
                FMNIST_SET="data.train_subset=512 data.val_subset=500 global_batch=256 "
                           "micro_batch=128 model.options.width=8 data.workers=0",
-               JPEGS="8", SMALL_BATCH="2", OUT=str(tmp_path), OMP_NUM_THREADS="1")
+               JPEGS="8", SMALL_BATCH="2", OUT=str(tmp_path), OMP_NUM_THREADS="1",
+               # At 32x32 ResNet-50's last stage is 1x1, so BatchNorm over 2 images can blow a
+               # step up (seen on the JPEG run, loss 15,064 at step 2): the plumbing is checked
+               # here, not the numerics, so a non-finite step is skipped rather than fatal.
+               EXTRA_SET="on_nonfinite=skip")
     env.update(settings)
     env.pop("BIGBATCH_FAULT", None)
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
