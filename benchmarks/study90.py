@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, RESULTS_DIR  # noqa: E402
+from common import REPO, RESULTS_DIR, machine_info  # noqa: E402
 
 # STUDY90_OUT, STUDY90_RESULTS, STUDY90_EPOCHS and STUDY90_SUBSET shrink the study for its test.
 OUT = Path(os.environ.get("STUDY90_OUT", REPO / "runs" / "batch_scaling_90ep"))
@@ -65,6 +65,7 @@ WARMUP_AXIS = (12, 25)
 SEEDS = "0,1,2"
 # Grid centres at batch 128: the 20-epoch study's best LRs there (docs/results/batch_scaling_20ep).
 CENTRES = {"sgd": 0.8, "nesterov": 0.8, "lars-paper": 5.656854249492381, "lamb": 0.04}
+MACHINES = "machines.jsonl"  # one line per start of the study: the machine that ran on from there
 KEPT = ("summary.json", "diverged.json", "sweep_run.json", "config.yaml")
 COMMON = (
     "--recipe", "fashion-mnist", "--epochs", f"{EPOCHS:g}", "--lrs-per-point", "3",
@@ -198,9 +199,16 @@ def restore() -> None:
                 shutil.copy2(path, run / path.name)
 
 
+def record_start() -> None:
+    """Append this machine to the results: a study resumed on another machine says so."""
+    with open(RESULTS / MACHINES, "a") as file:
+        file.write(json.dumps(machine_info()) + "\n")
+
+
 def run_study() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    record_start()
     restore()
     finished: dict[str, int] = {}
     lanes = [threading.Thread(target=run_lane, args=(jobs, finished)) for jobs in LANES]

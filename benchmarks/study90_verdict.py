@@ -53,6 +53,7 @@ from study90 import (  # noqa: E402
     BATCHES,
     EPOCHS,
     JOBS,
+    MACHINES,
     MATCHED_32K,
     SEEDS,
     WARMUP,
@@ -682,7 +683,23 @@ def write_machine(path: Path, jobs: list[JobRecord]) -> None:
              f"python: {sys.version.split()[0]}", f"torch: {torch}"]
     if recorded:
         lines.append("the sweeps recorded: " + ", ".join(f"{k} {v}" for k, v in recorded.items()))
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines + start_lines(path.parent / MACHINES)) + "\n")
+
+
+def start_lines(machines: Path) -> list[str]:
+    """The machines the study ran on, one line per start that recorded it (machines.jsonl)."""
+    starts = [json.loads(line) for line in machines.read_text().splitlines()
+              if line.strip()] if machines.is_file() else []
+    if not starts:
+        return ["the study's starts: none recorded"]
+    lines = [f"the study's starts ({len(starts)} recorded in {MACHINES}; earlier starts did not "
+             "record their machine):"]
+    for start in starts:
+        kind = ("AVX-512" if start.get("cpu_avx512") else "AVX2") + (
+            ", native bf16" if start.get("cpu_native_bf16") else "")
+        lines.append(f"  {start.get('date')}: {start.get('cores_available')}-core "
+                     f"{start.get('cpu')} ({kind}), torch {start.get('versions', {}).get('torch')}")
+    return lines
 
 
 def study20_folder(out: Path) -> Path:

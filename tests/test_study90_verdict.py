@@ -344,3 +344,20 @@ def test_script_writes_every_record(tmp_path):
     assert (out / "sweep.png").stat().st_size > 0
     assert "# warmup12:" in (out / "command.txt").read_text()
     assert "the sweeps recorded: cpus 2" in (out / "machine.txt").read_text()
+    assert "the study's starts: none recorded" in (out / "machine.txt").read_text()
+
+
+def test_machine_txt_lists_every_recorded_start(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    starts = [{"date": "2026-12-06T01:00:00+00:00", "cpu": "AMD EPYC", "cores_available": 2,
+               "cpu_avx512": False, "cpu_native_bf16": False, "versions": {"torch": "2.14.1"}},
+              {"date": "2026-12-07T05:00:00+00:00", "cpu": "AMD EPYC", "cores_available": 2,
+               "cpu_avx512": True, "cpu_native_bf16": True, "versions": {"torch": "2.14.1"}}]
+    (out / "machines.jsonl").write_text("".join(json.dumps(s) + "\n" for s in starts))
+    verdict.write_machine(out / "machine.txt", [])
+    lines = (out / "machine.txt").read_text().splitlines()
+    assert "the study's starts (2 recorded in machines.jsonl" in lines[-3]
+    assert lines[-2:] == [
+        "  2026-12-06T01:00:00+00:00: 2-core AMD EPYC (AVX2), torch 2.14.1",
+        "  2026-12-07T05:00:00+00:00: 2-core AMD EPYC (AVX-512, native bf16), torch 2.14.1"]
