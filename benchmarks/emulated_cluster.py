@@ -39,6 +39,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bigbatch import geometry
 from bigbatch.metrics import read_metrics
 from bigbatch.tools.plan.network import Network
 from bigbatch.tools.plan.workload import DEFAULT_OVERLAP, Workload, estimate_step
@@ -144,7 +145,7 @@ def calibrate_compute(case: TrainCase, processes: int, workdir: Path, skip: int)
     """Step times of p concurrent single-process runs each doing one process's share of the
     work: the compute per step with the CPU shared as in the p-process run, minus communication."""
     per_process = case.global_batch // processes
-    steps = case.examples // case.global_batch
+    steps = geometry.steps_per_epoch(case.examples, case.global_batch)
     workdir.mkdir(parents=True, exist_ok=True)
     children, dirs = [], []
     load = load_average()
