@@ -115,7 +115,9 @@ def step_key(record: dict) -> tuple:
 
 STEP_RATIOS = (("lars/sgd_fused", "LARS / `SGD(fused=True)`"),
                ("lamb/adamw_fused", "LAMB / `AdamW(fused=True)`"),
-               ("lars/timm_lars", "LARS / timm `Lars`"))
+               ("lars/timm_lars", "LARS / timm `Lars`"),
+               ("lars_compiled/sgd_fused", "LARS `fused_compile=True` / `SGD(fused=True)`"),
+               ("lamb_compiled/adamw_fused", "LAMB `fused_compile=True` / `AdamW(fused=True)`"))
 
 
 def step_groups(results: Path) -> dict[tuple, list[dict]]:
@@ -127,9 +129,10 @@ def step_groups(results: Path) -> dict[tuple, list[dict]]:
 def step_rows(results: Path) -> Iterable[list[str]]:
     for key, runs in step_groups(results).items():
         for name, label in STEP_RATIOS:
+            compiled = "compiled" in name  # shown as the code is now only
             per_run = [r["ratios"][name]["median_paired"] for r in runs if name in r["ratios"]]
-            if per_run:
-                kernel = "" if key[1] != "cpu" else (
+            if per_run and not (compiled and not key[4]):
+                kernel = "" if key[1] != "cpu" or compiled else (
                     ", kernels as now" if key[4] else ", LARS norm kept from the last update")
                 yield [label + kernel, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
                        f"{loads_text(runs)}; {commits_text(runs)}"]
