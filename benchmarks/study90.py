@@ -20,8 +20,9 @@ as Goyal et al. 2017 and the paper's ResNet-50 runs up to 8K) and poly(2) decay:
   warmup length searched as a second axis (5, 12 and 25 epochs) at the 32K-matched batch, where
   LARS gets the same warmup search.
 
-Every point is the best of an LR grid (3 LRs a factor 2 apart, extended up to 2 LRs while the best
-is at an edge, so that the best LR is interior or the extension budget is spent), centred at the
+Every point is the best of an LR grid (3 LRs a factor 2 apart, extended up to 4 LRs while the best
+is at an edge, so that the best LR is interior or the extension budget is spent; the budget was 2
+until Nesterov at 3072 ended at its lower edge with both spent), centred at the
 smallest batch on the 20-epoch study's best LRs at 128 scaled by each series' rule and at larger
 batches on the smallest batch's best LR scaled by the rule. Top-1 is measured with BatchNorm
 statistics recomputed over 50 micro-batches (precise BN) and the LR selected on it. Then seeds 0,
@@ -69,7 +70,7 @@ MACHINES = "machines.jsonl"  # one line per start of the study: the machine that
 KEPT = ("summary.json", "diverged.json", "sweep_run.json", "config.yaml")
 COMMON = (
     "--recipe", "fashion-mnist", "--epochs", f"{EPOCHS:g}", "--lrs-per-point", "3",
-    "--max-extensions", "2", "--lr-grid-factor", "2", "--micro-batch", "128", "--threads", "1",
+    "--max-extensions", "4", "--lr-grid-factor", "2", "--micro-batch", "128", "--threads", "1",
     "--set", "data.name=fashion-mnist", "--set", "model.name=small_resnet",
     "--set", "model.options={width: 4, blocks_per_stage: 1}", "--set", "precision=fp32",
     "--set", "channels_last=false", "--set", "threads=1", "--set", "data.workers=0",
