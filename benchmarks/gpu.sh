@@ -16,6 +16,8 @@
 #   BATCH     ResNet-50 micro-batch per GPU (default 256; the global batch is BATCH x NPROC)
 #   STEPS     timed steps (default 60), WARMUP steps dropped from the median (default 10)
 #   COMPILE   1: also measure with torch.compile (compile time is in the warm-up steps)
+#   COMPILE_MODES  with COMPILE=1, torch.compile modes to measure besides the default, e.g.
+#             "reduce-overhead max-autotune" (CUDA graphs; autotuned kernels: minutes to compile)
 #   NPROC     GPUs to use through torchrun --standalone (default 1)
 #   WORKERS   loader processes per GPU for the synthetic data (default 4)
 #   IMAGE_SIZE  ResNet-50 input side (default 224)
@@ -169,6 +171,10 @@ part "resnet50 bf16 channels_last" "$OUT/resnet50" "${RESNET[@]}"
 if [ "$COMPILE" = 1 ]; then
     part "resnet50 bf16 channels_last compile" "$OUT/resnet50-compile" "${RESNET[@]}" \
         --set compile=true
+    for mode in ${COMPILE_MODES:-}; do
+        part "resnet50 bf16 channels_last compile $mode" "$OUT/resnet50-compile-$mode" \
+            "${RESNET[@]}" --set compile=true --set compile_mode="$mode"
+    done
 fi
 
 # At the paper's scale (32K over 1,000+ GPUs) a GPU holds 16-32 images: the optimizer's share of

@@ -148,3 +148,14 @@ def test_cudnn_autotuning_is_on_unless_exact_reduction_or_set(overrides, expecte
     from bigbatch.build import cudnn_benchmark_for
 
     assert cudnn_benchmark_for(resolve_config(overrides=overrides)) is expected
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["compile=true", "compile_mode=fastest"], "'compile_mode' is 'fastest'; choose one of:"),
+    (["compile_mode=max-autotune"], "compile_mode=max-autotune takes effect with compile=true"),
+])
+def test_a_compile_mode_is_one_of_torchs_and_needs_compile(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(overrides=overrides)
+    assert resolve_config(overrides=["compile=true", "compile_mode=reduce-overhead"]
+                          ).compile_mode == "reduce-overhead"

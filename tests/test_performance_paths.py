@@ -199,6 +199,20 @@ def compile_unavailable() -> str | None:
     return None
 
 
+def test_the_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
+    """compile_mode is what the trainer hands torch.compile (CUDA graphs and autotuning act on a
+    GPU only, so the call is what the CPU can check); the network runs as compiled."""
+    modes = []
+
+    def spy(module, mode=None, **options):
+        modes.append(mode)
+        return module
+
+    monkeypatch.setattr(torch, "compile", spy)
+    summary = run(tiny_config(tmp_path, compile=True, compile_mode="reduce-overhead"))
+    assert modes == ["reduce-overhead"] and summary["steps"] == 2
+
+
 @pytest.mark.slow  # a cold inductor compile takes ~25 s on 2 cores (~4 s with its cache warm)
 @pytest.mark.skipif(compile_unavailable() is not None, reason=str(compile_unavailable()))
 def test_compile_option_trains_like_eager(tmp_path):

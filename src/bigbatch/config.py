@@ -129,6 +129,9 @@ class RunConfig:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    # torch.compile's mode (with compile=true): "reduce-overhead" replays the compiled forward
+    # and backward as CUDA graphs, "max-autotune" also times kernel choices (slow first steps)
+    compile_mode: str = "default"
     # cuDNN times its convolution algorithms for each new input shape and keeps the fastest
     # (CUDA only). None: on, unless exact_reduction (the algorithm chosen, and with it the bits,
     # can differ between processes and runs).
@@ -312,6 +315,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 # these): the precision (auto: bf16 where the hardware has native bf16) and what to do on a
 # non-finite loss or gradient.
 PRECISIONS = ("fp32", "bf16", "auto")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
@@ -367,6 +371,10 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"schedule.warmup_epochs ({cfg.schedule.warmup_epochs}) is longer than the run "
             f"({cfg.epochs} epochs); lower --warmup-epochs"
         )
+    _check_choice("compile_mode", cfg.compile_mode, COMPILE_MODES)
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise ConfigError(f"compile_mode={cfg.compile_mode} takes effect with compile=true only; "
+                          "set both")
     _check_data(cfg)
     if cfg.checkpoint.resume not in (None, "auto") and not Path(cfg.checkpoint.resume).exists():
         raise ConfigError(f"--resume: checkpoint '{cfg.checkpoint.resume}' does not exist")

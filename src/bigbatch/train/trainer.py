@@ -149,7 +149,8 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         self.reduction = reduction_for(cfg.exact_reduction, self.model, self.geometry, ctx)
         self.network = wrap_ddp(self.model, ctx, *self.reduction.comm_hook())
-        self.forward = torch.compile(self.network) if cfg.compile else self.network
+        self.forward = (torch.compile(self.network, mode=cfg.compile_mode) if cfg.compile
+                        else self.network)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing, reduction="sum")
         self.autocast_dtype = autocast_dtype_for(cfg, ctx.device)
         if ctx.device.type == "cuda":
