@@ -26,6 +26,7 @@
 #             run is refused. Fashion-MNIST is found the usual way (BIGBATCH_DATA,
 #             /usr/share/datasets/fashion-mnist, the cache, a download)
 #   FMNIST_SET  extra KEY=VALUE overrides for the Fashion-MNIST run only (e.g. a train subset)
+#   FMNIST_SEEDS  its seeds, space-separated (default "0"; "0 1 2" for the median of three)
 #   EXTRA_SET extra space-separated KEY=VALUE config overrides for every run (e.g. "threads=1")
 #   LARS_STEP 0: skip the optimizer-step benchmark (benchmarks/lars_step.py --device cuda)
 #   COMPILED_STEP_S  time limit of its second run, the compiled LARS and LAMB (default 240 s)
@@ -224,10 +225,14 @@ from pathlib import Path; p.make_folder(Path(sys.argv[1]), int(sys.argv[2]))" \
     fi
 fi
 
-echo "Fashion-MNIST, default recipe, $FMNIST_EPOCHS epochs ($FMNIST_WARMUP warm-up), bf16 + channels_last"
-part "fashion-mnist default recipe" "$OUT/fashion-mnist" --set epochs="$FMNIST_EPOCHS" \
-    --set schedule.warmup_epochs="$FMNIST_WARMUP" \
-    --set precision=bf16 --set channels_last=true --set log_every=1 "${FMNIST_EXTRA[@]}"
+for seed in ${FMNIST_SEEDS:-0}; do  # seed 0 keeps the plain name; others are named by seed
+    suffix=$([ "$seed" = 0 ] || echo " seed $seed")
+    echo "Fashion-MNIST, default recipe$suffix, $FMNIST_EPOCHS epochs ($FMNIST_WARMUP warm-up), bf16 + channels_last"
+    part "fashion-mnist default recipe$suffix" "$OUT/fashion-mnist${suffix// /-}" \
+        --set epochs="$FMNIST_EPOCHS" --set schedule.warmup_epochs="$FMNIST_WARMUP" \
+        --set seed="$seed" --set precision=bf16 --set channels_last=true --set log_every=1 \
+        "${FMNIST_EXTRA[@]}"
+done
 
 "$PYTHON" - "$OUT" "$NPROC" "$BATCH" "$CPU_DRY_RUN" <<'EOF'
 import datetime, glob, json, subprocess, sys, torch

@@ -37,7 +37,7 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     and the short Fashion-MNIST run (its warm-up scaled to its length); the record goes to the
     scratch folder, not docs/results."""
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
-    run = dry_run(tmp_path)
+    run = dry_run(tmp_path, FMNIST_SEEDS="0 1")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + run_logs(tmp_path)
     recipe = load_recipe("fashion-mnist")
     warmup = round(recipe["schedule"]["warmup_epochs"] / recipe["epochs"], 4)
@@ -46,6 +46,7 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     assert record["gpu"] == "none (CPU dry run)" and record["gpus"] == 2
     runs = {r["run"]: r for r in record["runs"]}
     assert set(runs) == {"resnet50 bf16 channels_last", "fashion-mnist default recipe",
+                         "fashion-mnist default recipe seed 1",
                          "peer plain loop bf16 channels_last",
                          "resnet50 bf16 channels_last jpeg folder",
                          "resnet50 bf16 channels_last batch 2"}
@@ -54,6 +55,9 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     assert all(r["images_per_second"] > 0 for r in runs.values())
     fashion = json.loads((tmp_path / "fashion-mnist" / "summary.json").read_text())
     assert fashion["world_size"] == 2 and fashion["steps"] == 2
+    seeds = [json.loads((tmp_path / name / "summary.json").read_text())["seed"]
+             for name in ("fashion-mnist", "fashion-mnist-seed-1")]
+    assert seeds == [0, 1]
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
 
 
