@@ -129,13 +129,14 @@ def step_groups(results: Path) -> dict[tuple, list[dict]]:
 def step_rows(results: Path) -> Iterable[list[str]]:
     for key, runs in step_groups(results).items():
         for name, label in STEP_RATIOS:
-            compiled = "compiled" in name  # shown as the code is now only
+            compiled = "compiled" in name
             per_run = [r["ratios"][name]["median_paired"] for r in runs if name in r["ratios"]]
-            if per_run and not (compiled and not key[4]):
-                kernel = "" if key[1] != "cpu" or compiled else (
-                    ", kernels as now" if key[4] else ", LARS norm kept from the last update")
-                yield [label + kernel, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
-                       f"{loads_text(runs)}; {commits_text(runs)}"]
+            if not per_run or (compiled and not key[4]):  # compiled: as the code is now only
+                continue
+            kernel = "" if key[1] != "cpu" or compiled else (
+                ", kernels as now" if key[4] else ", LARS norm kept from the last update")
+            yield [label + kernel, ratio_text(per_run), f"{key[0]}, {key[1]}, torch {key[3]}",
+                   f"{loads_text(runs)}; {commits_text(runs)}"]
 
 
 @table("optimizer-step")

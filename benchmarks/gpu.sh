@@ -255,21 +255,22 @@ EOF
 # multi-tensor paths there), appended to docs/results/lars_step.jsonl; under a minute. After the
 # throughput record, so that a failure here loses nothing. It needs
 # timm (the dev extra) for timm's Lars and Lamb: skipped, and said so, without it.
+optimizer_step() {  # optimizer_step <name> <seconds, "" for no limit> <lars_step.py arguments...>
+    local name=$1 seconds=$2; shift 2
+    ${seconds:+timeout "$seconds"} "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 \
+        "$@" > "$OUT/$name.out" \
+    && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/$name.out" \
+    || echo "gpu.sh: $name failed${seconds:+ or ran past $seconds s} (the throughput record above is kept)" >&2
+}
 if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
     if "$PYTHON" -c "import timm" >/dev/null 2>&1; then
         echo "Optimizer step on ResNet-50's parameters, GPU"
-        "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 --no-compile \
-            > "$OUT/lars_step.out" \
-        && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/lars_step.out" \
-        || echo "gpu.sh: benchmarks/lars_step.py failed (the throughput record above is kept)" >&2
+        optimizer_step lars_step "" --no-compile
         # The compiled LARS and LAMB steps (one traced update per parameter group) beside the
         # same baselines, as a separate record: compiling may take minutes, so it is bounded.
         echo "Optimizer step, compiled LARS and LAMB (at most ${COMPILED_STEP_S:-240} s)"
-        timeout "${COMPILED_STEP_S:-240}" "$PYTHON" benchmarks/lars_step.py --device cuda \
-            --repeats 30 --only sgd_fused,adamw_fused,lars,lamb,lars_compiled,lamb_compiled \
-            > "$OUT/lars_step_compiled.out" \
-        && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/lars_step_compiled.out" \
-        || echo "gpu.sh: the compiled optimizer-step run failed or ran out of time" >&2
+        optimizer_step lars_step_compiled "${COMPILED_STEP_S:-240}" \
+            --only sgd_fused,adamw_fused,lars,lamb,lars_compiled,lamb_compiled
     else
         echo "Optimizer step: skipped (timm is not installed: pip install -e '.[dev]')"
     fi

@@ -104,8 +104,10 @@ def make_optimizers(device: torch.device, with_compile: bool,
     if unknown:
         raise SystemExit(f"lars_step.py: unknown contenders {', '.join(unknown)}; choose from "
                          + ", ".join(factories))
-    chosen = [name for name in factories if (name in only if only else
-                                             with_compile or name not in COMPILED)]
+    if only:
+        chosen = [name for name in factories if name in only]
+    else:
+        chosen = [name for name in factories if with_compile or name not in COMPILED]
     return {name: factories[name]() for name in chosen}
 
 

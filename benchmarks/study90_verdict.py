@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS_DIR, available_cores, cpu_flags, cpu_model, load_average  # noqa: E402
+from figures import machine_label  # noqa: E402
 from study20_verdict import IMAGENET_TRAIN, point_value  # noqa: E402
 from study90 import (  # noqa: E402
     BASELINE_BATCH,
@@ -695,10 +696,8 @@ def start_lines(machines: Path) -> list[str]:
     lines = [f"the study's starts ({len(starts)} recorded in {MACHINES}; earlier starts did not "
              "record their machine):"]
     for start in starts:
-        kind = ("AVX-512" if start.get("cpu_avx512") else "AVX2") + (
-            ", native bf16" if start.get("cpu_native_bf16") else "")
-        lines.append(f"  {start.get('date')}: {start.get('cores_available')}-core "
-                     f"{start.get('cpu')} ({kind}), torch {start.get('versions', {}).get('torch')}")
+        lines.append(f"  {start.get('date')}: {machine_label(start)}, "
+                     f"torch {start.get('versions', {}).get('torch')}")
     return lines
 
 

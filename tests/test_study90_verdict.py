@@ -359,5 +359,5 @@ def test_machine_txt_lists_every_recorded_start(tmp_path):
     lines = (out / "machine.txt").read_text().splitlines()
     assert "the study's starts (2 recorded in machines.jsonl" in lines[-3]
     assert lines[-2:] == [
-        "  2026-12-06T01:00:00+00:00: 2-core AMD EPYC (AVX2), torch 2.14.1",
+        "  2026-12-06T01:00:00+00:00: 2-core AMD EPYC (no AVX-512, no native bf16), torch 2.14.1",
         "  2026-12-07T05:00:00+00:00: 2-core AMD EPYC (AVX-512, native bf16), torch 2.14.1"]
