@@ -210,7 +210,8 @@ if [ "${PEER:-1}" = 1 ]; then
     fi
 fi
 
-# From JPEGs: a generated folder of ImageNet-like files, decoded by the loader workers.
+# From JPEGs: a generated folder of ImageNet-like files, decoded by the loader workers, then by
+# the device.
 JPEGS=${JPEGS:-1024}
 if [ "$JPEGS" -gt 0 ]; then
     echo "ResNet-50 from a folder of $JPEGS generated JPEGs (500x375, quality 90), $WORKERS workers"
@@ -222,6 +223,11 @@ from pathlib import Path; p.make_folder(Path(sys.argv[1]), int(sys.argv[2]))" \
         part "resnet50 bf16 channels_last jpeg folder" "$OUT/resnet50-jpeg" "${RESNET[@]}" \
             --set data.name=imagefolder --set data.path="$OUT/jpegs" \
             --set epochs="$JPEG_EPOCHS" --set eval_every="$JPEG_EPOCHS"
+        # The same folder with the JPEGs decoded by the device (nvJPEG), the workers only reading.
+        part "resnet50 bf16 channels_last jpeg folder device decode" "$OUT/resnet50-jpeg-device" \
+            "${RESNET[@]}" --set data.name=imagefolder --set data.path="$OUT/jpegs" \
+            --set epochs="$JPEG_EPOCHS" --set eval_every="$JPEG_EPOCHS" \
+            --set data.decode_on_device=true
     fi
 fi
 

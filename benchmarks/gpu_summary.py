@@ -22,10 +22,13 @@ EAGER, COMPILED = "resnet50 bf16 channels_last", "resnet50 bf16 channels_last co
 PEER = "peer plain loop bf16 channels_last"
 PEER_COMPILED = "peer plain loop bf16 channels_last compile"
 JPEG = "resnet50 bf16 channels_last jpeg folder"
-# Record by record: the engine against the plain loop beside it, JPEGs against synthetic data.
+JPEG_DEVICE = "resnet50 bf16 channels_last jpeg folder device decode"
+# Record by record: the engine against the plain loop beside it, JPEGs (decoded by the loader
+# workers or by the device) against synthetic data.
 RATIOS = {"compiled_over_eager": (COMPILED, EAGER), "engine_over_peer": (EAGER, PEER),
           "engine_compiled_over_peer_compiled": (COMPILED, PEER_COMPILED),
-          "jpeg_folder_over_synthetic": (JPEG, EAGER)}
+          "jpeg_folder_over_synthetic": (JPEG, EAGER),
+          "jpeg_folder_device_decode_over_synthetic": (JPEG_DEVICE, EAGER)}
 
 
 def summarize(records: list[dict]) -> dict:

@@ -49,6 +49,7 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
                          "fashion-mnist default recipe seed 1",
                          "peer plain loop bf16 channels_last",
                          "resnet50 bf16 channels_last jpeg folder",
+                         "resnet50 bf16 channels_last jpeg folder device decode",
                          "resnet50 bf16 channels_last batch 2"}
     assert all(0 < runs[name]["optimizer_share"] < 1 for name in runs if "peer" not in name)
     assert runs["resnet50 bf16 channels_last"]["steps"] == 2  # STEPS timed, WARMUP dropped

@@ -22,7 +22,8 @@ def bigbatch(*args, check=False):
     )
 
 
-def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
+@pytest.mark.parametrize("decode_on_device", [False, True])
+def test_image_folder_with_broken_files_trains_to_the_end(tmp_path, decode_on_device):
     info = make_image_folder(tmp_path / "images", per_class=8, val_per_class=2)
     out = tmp_path / "run"
     run = run_bigbatch(
@@ -48,6 +49,8 @@ def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
             "data.image_size=32",
             "--set",
             "data.workers=1",
+            "--set",
+            f"data.decode_on_device={str(decode_on_device).lower()}",
             "--out",
             str(out),
         ]
@@ -60,6 +63,9 @@ def test_image_folder_with_broken_files_trains_to_the_end(tmp_path):
             break
     else:
         pytest.fail("no broken file was named in the log")
+    if decode_on_device:  # its header is whole, so only the device finds it broken
+        assert "training JPEGs are decoded on cpu" in run.stderr
+        assert "truncated.JPEG" in run.stderr
     assert "README.txt" not in run.stderr or "ignored" in run.stderr
     assert result["top5"] == 100.0  # 3 classes: top-5 is all
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()

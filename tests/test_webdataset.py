@@ -18,6 +18,7 @@ from launch import run_bigbatch, summary
 
 from bigbatch.commands import main as cli_main
 from bigbatch.data import build_datasets, webdataset
+from bigbatch.data.device_decode import decode_pending
 from bigbatch.data.imagefolder import ImageFolderData
 from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches
@@ -371,3 +372,23 @@ def test_class_count_covers_both_splits_and_no_validation_sample_is_dropped(
                                         r"set data.num_classes to 3 or more$"):
         build_datasets("webdataset", path=str(tmp_path), seed=0, image_size=SIZE,
                        num_classes=2)
+
+
+def test_device_decoding_of_shards_keeps_the_samples_and_finds_the_cut_one(shards: Path) -> None:
+    """data.decode_on_device on shards: the same labels and skip list as the workers' decoding,
+    the truncated JPEG (whose header is whole) found broken only when the device decodes it."""
+    keys = [(i, 0) for i in range(29)]
+    settings = dict(path=str(shards), seed=0, image_size=SIZE, normalize=False,
+                    fast_decode=False)  # the device decodes at full scale, never drafted
+    workers, _ = build_datasets("webdataset", **settings)
+    device, _ = build_datasets("webdataset", **settings)
+    device.decode_jpegs_on_device()
+    expected, batch = workers.__getitems__(keys), device.__getitems__(keys)
+    cut = f"{shards / 'train-0001.tar'}:cut"
+    assert batch.pending is not None and cut not in batch.skipped
+    images, labels, broken = decode_pending(batch.images, batch.labels, batch.pending,
+                                            device.report_broken)
+    assert broken == [cut]
+    assert sorted([*batch.skipped, *broken]) == sorted(expected.skipped)
+    assert torch.equal(labels, expected.labels)
+    assert int((images.int() - expected.images.int()).abs().max()) <= 1

@@ -35,6 +35,9 @@ class DataConfig:
     # Training images travel as uint8 (imagefolder, packed) and are normalised on the training
     # device: 4x fewer bytes to copy, less work for the loader; same numbers as the float path.
     normalize_on_device: bool = True
+    # Training JPEGs decoded by the training device (nvJPEG on a GPU), not the loader workers:
+    # for a GPU whose workers cannot keep up; pixels differ from the CPU decoder's by a few levels.
+    decode_on_device: bool = False
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000
     val_path: str | None = None  # webdataset validation shards; None: val-*.tar beside train-*.tar
@@ -394,6 +397,13 @@ def _check_data(cfg: RunConfig) -> None:
         _check_positive("data.val_subset", cfg.data.val_subset)
     if cfg.data.name in ("imagefolder", "packed", "webdataset") and not cfg.data.path:
         raise ConfigError(f"data '{cfg.data.name}' needs a folder: pass --data PATH")
+    if cfg.data.decode_on_device:
+        if cfg.data.name not in ("imagefolder", "packed", "webdataset"):
+            raise ConfigError(f"data.decode_on_device decodes JPEG files; data "
+                              f"'{cfg.data.name}' has none (use imagefolder, packed or webdataset)")
+        if not cfg.data.normalize_on_device:
+            raise ConfigError("data.decode_on_device needs data.normalize_on_device=true (the "
+                              "device fills uint8 batches)")
 
 
 def _check_geometry(cfg: RunConfig) -> None:

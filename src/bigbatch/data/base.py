@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, load_batch, normalize_key
+from bigbatch.data.batch import Batch, PendingJpeg, load_batch, normalize_key
 from bigbatch.data.decode import crop_planes
+from bigbatch.data.device_decode import pending_jpeg
 from bigbatch.data.transforms import BoxForSize, eval_resize_size, example_crop
 from bigbatch.errors import ConfigError, DataError
 
@@ -48,6 +49,9 @@ class IndexedImages(Dataset):
             or "error" (raise DataError naming the example).
         fast_decode: decode JPEGs at reduced scale when that loses no output resolution.
         normalize: float32 normalised images if True, else uint8 (transforms.normalize_images).
+
+    ``defer_jpegs`` (set with ``decode_jpegs_on_device``) leaves RGB JPEGs undecoded in the
+    batches for the training device (data/device_decode.py).
     """
 
     in_channels = 3
@@ -73,6 +77,7 @@ class IndexedImages(Dataset):
         self.fast_decode = fast_decode
         self.normalize = normalize
         self.labels = np.zeros(0, dtype=np.int64)
+        self.defer_jpegs = False
         self._warned: set[str] = set()
 
     def __len__(self) -> int:
@@ -97,6 +102,22 @@ class IndexedImages(Dataset):
         return crop_planes(self.encoded(index), box_for_size, self.image_size, self.fast_decode,
                            flip)
 
+    def load_or_defer(self, index: int, epoch: int) -> torch.Tensor | PendingJpeg:
+        """load_image, or a PendingJpeg where the device can decode the example."""
+        box_for_size, flip = self.crop_plan(index, epoch)
+        data = self.encoded(index)
+        pending = pending_jpeg(data, box_for_size, self.image_size, flip, self.describe(index))
+        if pending is not None:
+            return pending
+        return crop_planes(data, box_for_size, self.image_size, self.fast_decode, flip)
+
+    def decode_jpegs_on_device(self) -> None:
+        """Leave RGB JPEGs for the training device to decode (uint8 batches only)."""
+        if self.normalize:
+            raise ConfigError("decoding JPEGs on the device needs uint8 batches; set "
+                              "data.normalize_on_device=true")
+        self.defer_jpegs = True
+
     def load_pixels(self, index: int, epoch: int) -> np.ndarray:
         """load_image as an image_size x image_size x 3 uint8 array (for inspection)."""
         return self.load_image(index, epoch).permute(1, 2, 0).numpy()
@@ -104,7 +125,10 @@ class IndexedImages(Dataset):
     def broken(self, index: int, error: Exception) -> str:
         """Report example ``index`` as unreadable (once per process) and return its name, or
         raise DataError with on_broken="error"."""
-        name = self.describe(index)
+        return self.report_broken(self.describe(index), error)
+
+    def report_broken(self, name: str, error: Exception) -> str:
+        """broken() for an example known by its name (a file the device could not decode)."""
         reason = f"{type(error).__name__}: {error}"
         if self.on_broken == "error":
             raise DataError(f"cannot read {self.noun} {name}: {reason}; {self.remedy}") from error
@@ -114,13 +138,14 @@ class IndexedImages(Dataset):
         return name
 
     def __getitems__(self, keys: list) -> Batch:
-        return load_batch(keys, self.load_image, self.broken, self.labels, self.image_size,
-                          self.normalize)
+        load = self.load_or_defer if self.defer_jpegs else self.load_image
+        return load_batch(keys, load, self.broken, self.labels, self.image_size, self.normalize)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        """One (image 3xSxS, label) pair; a bare index means epoch 0. A broken example raises
-        DataError whatever on_broken says, since there is nothing to return."""
-        batch = self.__getitems__([normalize_key(key)])
+        """One (image 3xSxS, label) pair, decoded here; a bare index means epoch 0. A broken
+        example raises DataError whatever on_broken says, since there is nothing to return."""
+        batch = load_batch([normalize_key(key)], self.load_image, self.broken, self.labels,
+                           self.image_size, self.normalize)
         if not len(batch):
             raise DataError(f"cannot read {self.noun} {batch.skipped[0]} (see the warning above)")
         return batch.images[0], int(batch.labels[0])

@@ -1,5 +1,6 @@
-"""The unit a dataset hands to the training loop (images, labels and the files it had to skip),
-and how image datasets assemble it example by example."""
+"""The unit a dataset hands to the training loop (images, labels, the files it had to skip and
+the JPEGs it left for the device to decode), and how image datasets assemble it example by
+example."""
 
 from __future__ import annotations
 
@@ -15,8 +16,50 @@ from bigbatch.data.transforms import (
     DECODE_ERRORS,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    Box,
     normalization_affine,
 )
+
+
+@dataclass(frozen=True)
+class PendingJpeg:
+    """An RGB JPEG whose decoding is left to the training device (data/device_decode.py): its
+    bytes, its frame size, its whole-pixel crop box, its flip and how messages name it."""
+
+    data: bytes
+    height: int
+    width: int
+    box: Box
+    flip: bool
+    name: str
+
+
+@dataclass
+class PendingJpegs:
+    """The JPEGs of one batch left for the device, and the batch rows they fill. Their bytes
+    lie end to end in one uint8 tensor, so a loader worker sends one block of shared memory
+    rather than one per file."""
+
+    rows: list[int]
+    data: torch.Tensor
+    ends: list[int]
+    files: list[PendingJpeg]  # each without its bytes (they are in ``data``)
+
+    @classmethod
+    def pack(cls, rows: list[int], files: list[PendingJpeg]) -> PendingJpegs | None:
+        """The pending JPEGs of a batch, or None if there are none."""
+        if not files:
+            return None
+        ends = np.cumsum([len(file.data) for file in files]).tolist()
+        data = batch_tensor((ends[-1],), torch.uint8)
+        data.numpy()[:] = np.frombuffer(b"".join(file.data for file in files), dtype=np.uint8)
+        bare = [PendingJpeg(b"", f.height, f.width, f.box, f.flip, f.name) for f in files]
+        return cls(rows, data, ends, bare)
+
+    def encoded(self) -> list[torch.Tensor]:
+        """Each file's bytes, as uint8 views of ``data``."""
+        starts = [0, *self.ends[:-1]]
+        return [self.data[start:end] for start, end in zip(starts, self.ends, strict=True)]
 
 
 @dataclass
@@ -26,22 +69,27 @@ class Batch:
     images: N x C x H x W, float32 normalised or uint8 (normalised later on the device, see
     transforms.normalize_images). labels: int64 N. skipped: paths of broken files
     left out of this batch (so N can be smaller than the number of keys requested).
+    pending: JPEGs whose rows of ``images`` the training device fills in
+    (device_decode.decode_pending); None when the loader decoded everything.
     """
 
     images: torch.Tensor
     labels: torch.Tensor
     skipped: list[str] = field(default_factory=list)
+    pending: PendingJpegs | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True) on custom batch types."""
-        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
+        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped,
+                     self.pending)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(self.images.to(device, non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking), self.skipped)
+                     self.labels.to(device, non_blocking=non_blocking), self.skipped,
+                     self.pending)
 
 
 def normalize_key(key: int | tuple[int, int]) -> tuple[int, int]:
@@ -101,25 +149,40 @@ class BatchImages:
             torch.addcmul(shift[0], image, scale[0], out=slot)
         self._count += 1
 
+    def reserve(self) -> int:
+        """Append a blank image (filled in later, on the device) and return its row."""
+        self._out[self._count].zero_()
+        self._count += 1
+        return self._count - 1
+
     def images(self) -> torch.Tensor:
         return self._out[: self._count]
 
 
-def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor],
+def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor | PendingJpeg],
                broken: Callable[[int, Exception], str], labels: np.ndarray, image_size: int,
                normalize: bool) -> Batch:
     """The Batch of ``keys`` ((index, epoch) pairs or bare indices): ``load_image(index,
-    epoch)`` gives each 3 x S x S uint8 image; examples whose loading raises one of
-    DECODE_ERRORS are left out and ``broken(index, error)`` names them in Batch.skipped."""
+    epoch)`` gives each 3 x S x S uint8 image, or a PendingJpeg for the device to decode (only
+    into uint8 batches); examples whose loading raises one of DECODE_ERRORS are left out and
+    ``broken(index, error)`` names them in Batch.skipped."""
     pairs = keys_array(keys).tolist()
     images = BatchImages(len(pairs), image_size, normalize=normalize)
     kept: list[int] = []
     skipped: list[str] = []
+    pending_rows: list[int] = []
+    pending: list[PendingJpeg] = []
     for index, epoch in pairs:
         try:
-            images.add(load_image(index, epoch))
+            image = load_image(index, epoch)
         except DECODE_ERRORS as error:
             skipped.append(broken(index, error))
             continue
+        if isinstance(image, PendingJpeg):
+            pending_rows.append(images.reserve())
+            pending.append(image)
+        else:
+            images.add(image)
         kept.append(int(labels[index]))
-    return Batch(images.images(), torch.tensor(kept, dtype=torch.int64), skipped)
+    return Batch(images.images(), torch.tensor(kept, dtype=torch.int64), skipped,
+                 PendingJpegs.pack(pending_rows, pending))

@@ -48,6 +48,7 @@ import torch
 from PIL import Image
 
 from bigbatch.data.base import ON_BROKEN, IndexedImages, MappedFiles
+from bigbatch.data.batch import PendingJpeg
 from bigbatch.data.imagefolder import check_data_root, scan_split, strided_subset
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
@@ -445,6 +446,12 @@ class PackedImages(IndexedImages):
 
     def encoded(self, index: int) -> bytes:
         return self.record(index).tobytes()
+
+    def load_or_defer(self, index: int, epoch: int) -> torch.Tensor | PendingJpeg:
+        """Raw records are pixels already: the loader resamples them whatever the setting."""
+        if self.encoding != "raw":
+            return super().load_or_defer(index, epoch)
+        return self.load_image(index, epoch)
 
     def load_image(self, index: int, epoch: int) -> torch.Tensor:
         """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""

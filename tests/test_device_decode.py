@@ -1,0 +1,153 @@
+"""JPEGs decoded by the training device (data.decode_on_device), here the CPU: the same crops as
+the loader's decoding, broken files skipped or named, batches intact through loader workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from imagegen import FolderInfo, make_image_folder
+
+from bigbatch.config import RunConfig, validate
+from bigbatch.data import ImageFolderData, make_loader
+from bigbatch.data.batch import Batch
+from bigbatch.data.device_decode import decode_pending
+from bigbatch.errors import ConfigError, DataError
+
+SIZE = 48
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> FolderInfo:
+    return make_image_folder(tmp_path_factory.mktemp("images"), per_class=5)
+
+
+def uint8_set(info: FolderInfo, defer: bool, **options) -> ImageFolderData:
+    dataset = ImageFolderData(info.root, "train", seed=3, image_size=SIZE, normalize=False,
+                              fast_decode=False, **options)
+    if defer:
+        dataset.decode_jpegs_on_device()
+    return dataset
+
+
+def keys(dataset: ImageFolderData, epoch: int = 1) -> list[tuple[int, int]]:
+    return [(index, epoch) for index in range(len(dataset))]
+
+
+def finish(dataset: ImageFolderData, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """What the training loop does with a batch on its device (the CPU here)."""
+    if batch.pending is None:
+        return batch.images, batch.labels, batch.skipped
+    images, labels, broken = decode_pending(batch.images.clone(), batch.labels, batch.pending,
+                                            dataset.report_broken)
+    return images, labels, [*batch.skipped, *broken]
+
+
+def test_device_decoded_crops_match_the_loaders(folder: FolderInfo) -> None:
+    loader_set, device_set = uint8_set(folder, False), uint8_set(folder, True)
+    expected = loader_set.__getitems__(keys(loader_set))
+    deferred = device_set.__getitems__(keys(device_set))
+    assert deferred.pending is not None
+    pending_rows = set(deferred.pending.rows)
+    # Every RGB JPEG waits for the device (its rows blank), the other files come decoded.
+    assert 0 < len(pending_rows) < len(deferred)
+    assert all(int(deferred.images[row].abs().sum()) == 0 for row in pending_rows)
+    images, labels, skipped = finish(device_set, deferred)
+    assert skipped == expected.skipped
+    assert torch.equal(labels, expected.labels)
+    difference = (images.int() - expected.images.int()).abs()
+    for row in range(len(labels)):
+        if row in pending_rows:  # the float resampler rounds once more than the uint8 one
+            assert int(difference[row].max()) <= 1
+            assert float(difference[row].float().mean()) < 0.1
+        else:
+            assert int(difference[row].max()) == 0
+
+
+def test_a_jpeg_the_device_cannot_decode_is_skipped_and_reported(
+        folder: FolderInfo, caplog: pytest.LogCaptureFixture) -> None:
+    truncated = next(path for path in folder.train_broken if path.name == "truncated.JPEG")
+    dataset = uint8_set(folder, True)
+    batch = dataset.__getitems__(keys(dataset))
+    assert batch.pending is not None
+    # The truncated file's header is whole, so the worker left it for the device.
+    assert any(file.name == str(truncated) for file in batch.pending.files)
+    assert str(truncated) not in batch.skipped
+    images, labels, skipped = finish(dataset, batch)
+    assert str(truncated) in skipped
+    assert len(images) == len(labels) == len(batch) - 1
+    assert str(truncated) in caplog.text
+    reference = uint8_set(folder, False).__getitems__(keys(dataset))
+    assert sorted(skipped) == sorted(reference.skipped)
+    assert torch.equal(labels, reference.labels)
+
+
+def test_error_mode_names_the_file_the_device_cannot_decode(folder: FolderInfo) -> None:
+    truncated = next(path for path in folder.train_broken if path.name == "truncated.JPEG")
+    dataset = uint8_set(folder, True, on_broken="error")
+    index = next(i for i in range(len(dataset)) if dataset.path(i) == truncated)
+    batch = dataset.__getitems__([(index, 0)])  # the header is whole: the worker cannot tell
+    with pytest.raises(DataError, match="cannot read image .*truncated.JPEG"):
+        finish(dataset, batch)
+
+
+def test_pending_jpegs_travel_through_a_loader_worker(folder: FolderInfo) -> None:
+    dataset = uint8_set(folder, True)
+    direct = finish(dataset, dataset.__getitems__(keys(dataset)))
+    loader = make_loader(dataset, [keys(dataset)], workers=1)
+    through_worker = finish(dataset, next(iter(loader)))
+    assert torch.equal(through_worker[0], direct[0])
+    assert torch.equal(through_worker[1], direct[1])
+    assert through_worker[2] == direct[2]
+
+
+def test_a_single_example_is_decoded_in_place(folder: FolderInfo) -> None:
+    dataset = uint8_set(folder, True)
+    image, label = dataset[(0, 1)]
+    expected, expected_label = uint8_set(folder, False)[(0, 1)]
+    assert label == expected_label
+    assert torch.equal(image, expected)
+
+
+def test_device_decoding_needs_uint8_batches(folder: FolderInfo) -> None:
+    dataset = ImageFolderData(folder.root, "train", image_size=SIZE)
+    with pytest.raises(ConfigError, match="normalize_on_device"):
+        dataset.decode_jpegs_on_device()
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"name": "fashion-mnist"}, "has none"),
+    ({"name": "imagefolder", "path": "/data", "normalize_on_device": False},
+     "normalize_on_device=true"),
+])
+def test_config_refuses_device_decoding_where_it_cannot_work(settings: dict,
+                                                            message: str) -> None:
+    cfg = RunConfig()
+    cfg.data.decode_on_device = True
+    for key, value in settings.items():
+        setattr(cfg.data, key, value)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_packed_raw_records_are_resampled_by_the_loader(folder: FolderInfo,
+                                                        tmp_path: Path) -> None:
+    from bigbatch.data import PackedImages, pack_imagefolder
+
+    pack_imagefolder(folder.root, tmp_path / "packed", encoding="raw", short_side=64)
+    packed = PackedImages(tmp_path / "packed", "train", image_size=SIZE, normalize=False)
+    packed.decode_jpegs_on_device()
+    batch = packed.__getitems__(keys(packed))
+    assert batch.pending is None
+    assert int(batch.images.abs().sum()) > 0
+
+
+def test_pinning_and_moving_a_batch_keep_its_pending_jpegs(folder: FolderInfo,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    dataset = uint8_set(folder, True)
+    batch = dataset.__getitems__(keys(dataset))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda tensor: tensor)  # no CUDA here
+    for moved in (batch.pin_memory(), batch.to("cpu")):
+        assert moved.pending is batch.pending
+        assert moved.skipped == batch.skipped
