@@ -150,7 +150,11 @@ def optimizer_step(results: Path) -> str:
 PIPELINES = (("imagefolder_fast_decode_uint8", "ImageFolder JPEG pipeline, uint8 batches"),
              ("packed_raw", "packed raw shards"),
              ("packed_jpeg_uint8", "packed JPEG shards, uint8 batches"),
-             ("webdataset_jpeg_uint8", "WebDataset shards, uint8 batches"))
+             ("webdataset_jpeg_uint8", "WebDataset shards, uint8 batches"),
+             ("imagefolder_device_decode",
+              "ImageFolder, JPEGs decoded on the device: the workers' share"),
+             ("webdataset_device_decode",
+              "WebDataset shards, JPEGs decoded on the device: the workers' share"))
 
 
 def pipeline_ratio(record: dict, name: str) -> float | None:

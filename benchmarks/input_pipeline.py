@@ -11,7 +11,10 @@ shows larger photos):
 * bigbatch WebDatasetImages of the same folder written as WebDataset shards of reduced-size
   JPEGs (``bigbatch data pack --format webdataset``: the same shrinking and JPEG quality as the
   packed JPEG encoding),
-* the _uint8 variants: the same, returning uint8 images to be normalised on the device.
+* the _uint8 variants: the same, returning uint8 images to be normalised on the device,
+* the _device_decode variants: a folder and shards whose RGB JPEGs are left for the training
+  device to decode (data.decode_on_device), so the figure is the loader workers' share only
+  (reading each file, parsing its header, choosing its crop).
 
 Methods run interleaved, one pass over all images each per round, after one warm-up round, so
 machine noise hits them alike; we report medians and the median of per-round ratios to
@@ -118,6 +121,12 @@ def bigbatch_pass(dataset, batch: int) -> Callable[[int], int]:
     return run
 
 
+def deferring(dataset):
+    """``dataset`` set to leave its RGB JPEGs for the training device to decode."""
+    dataset.decode_jpegs_on_device()
+    return dataset
+
+
 def machine_info() -> dict:
     """The machine as common.machine_info gives it, with the image libraries the decoders use."""
     return {**common_machine_info(), "pillow": PIL.__version__,
@@ -180,6 +189,12 @@ def main(argv: list[str] | None = None) -> dict:
                 PackedImages(work / "raw", "train", normalize=False), args.batch),
             "webdataset_jpeg_uint8": bigbatch_pass(
                 WebDatasetImages(wds_train, normalize=False, cache_dir=work / "cache"),
+                args.batch),
+            # the workers' share when the device decodes the JPEGs (data.decode_on_device)
+            "imagefolder_device_decode": bigbatch_pass(deferring(
+                ImageFolderData(work / "src", "train", train=True, normalize=False)), args.batch),
+            "webdataset_device_decode": bigbatch_pass(deferring(
+                WebDatasetImages(wds_train, normalize=False, cache_dir=work / "cache")),
                 args.batch),
         }
         packed_bytes = {enc: sum(p.stat().st_size for p in (work / enc / "train").glob("*.bin"))

@@ -16,9 +16,10 @@ if those fail too it is skipped and reported (on_broken=skip) or named in a Data
 
 Pixels: decoding on the CPU this way gives route 1's crops within one level (the float
 resampler's rounding); the device always decodes at full scale, where the workers would have
-decoded a large photo at reduced scale (fast_decode's draft mode); nvJPEG's inverse DCT differs from libjpeg-turbo's by a few levels, so a
-run that decodes on a GPU is reproducible but not bitwise the run that decodes on CPUs. Every
-example's pixels remain a function of (seed, epoch, index) and the device kind.
+decoded a large photo at reduced scale (fast_decode's draft mode); nvJPEG's inverse DCT differs
+from libjpeg-turbo's by a few levels, so a run that decodes on a GPU is reproducible but not
+bitwise the run that decodes on CPUs. Every example's pixels remain a function of (seed, epoch,
+index) and the device kind.
 """
 
 from __future__ import annotations
