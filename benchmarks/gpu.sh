@@ -34,7 +34,8 @@
 #             0 skips it): each run records the optimizer's share of its step
 #   PEER      0: skip the plain-loop peer (benchmarks/peer_loop.py, one device)
 #   JPEGS     generated 500x375 quality-90 JPEGs for the image-folder run (default 1024; 0 skips
-#             it); the run reads them for as many epochs as STEPS + WARMUP steps need
+#             it); the run reads them for as many epochs as STEPS + WARMUP steps need, once
+#             decoded by the loader workers and once by the GPU (data.decode_on_device)
 #   OUT       scratch folder for the runs (default: a new temporary folder)
 #   CPU_DRY_RUN  1: skip the GPU checks and the install and run everything on the CPU, with
 #             CUDA hidden and gloo between processes (tests/test_gpu_script.py runs it so in CI,
