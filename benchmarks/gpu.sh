@@ -258,6 +258,21 @@ with open(f"{out}/dry-run.jsonl" if dry_run or not torch.cuda.is_available()
     file.write(json.dumps(record) + "\n")
 print(json.dumps(record))
 EOF
+# JPEGs decoded on the GPU against the loader workers' decoding: the same files skipped (two
+# cut short), how far the crops differ, the GPU's own decode rate (benchmarks/device_decode_check.py,
+# appended to docs/results/device_decode.jsonl). After the throughput record, as below.
+if [ "$JPEGS" -gt 0 ]; then
+    echo "JPEG decoding on the device against the loader workers'"
+    if [ "$CPU_DRY_RUN" = 1 ]; then
+        decode_check=(--device cpu --images 16 --batch 8 --rounds 1 --out "$OUT/device_decode.jsonl")
+    else
+        decode_check=(--device cuda)
+    fi
+    "$PYTHON" benchmarks/device_decode_check.py "${decode_check[@]}" > "$OUT/device_decode.log" \
+        2>&1 && tail -n 30 "$OUT/device_decode.log" \
+        || echo "gpu.sh: the device decode check failed (see $OUT/device_decode.log)" >&2
+fi
+
 # The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB run their
 # multi-tensor paths there), appended to docs/results/lars_step.jsonl; under a minute. After the
 # throughput record, so that a failure here loses nothing. It needs

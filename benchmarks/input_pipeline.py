@@ -123,7 +123,7 @@ def bigbatch_pass(dataset, batch: int) -> Callable[[int], int]:
 
 def deferring(dataset):
     """``dataset`` set to leave its RGB JPEGs for the training device to decode."""
-    dataset.decode_jpegs_on_device()
+    dataset.defer_jpegs_to_device()
     return dataset
 
 

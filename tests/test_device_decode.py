@@ -3,16 +3,20 @@ the loader's decoding, broken files skipped or named, batches intact through loa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from imagegen import FolderInfo, make_image_folder
+from imagegen import FolderInfo, make_image_folder, make_jpeg_folder, smooth_pixels
 
 from bigbatch.config import RunConfig, validate
-from bigbatch.data import ImageFolderData, make_loader
+from bigbatch.data import ImageFolderData, device_decode, make_loader
 from bigbatch.data.batch import Batch
-from bigbatch.data.device_decode import decode_pending
+from bigbatch.data.decode import resize_box
+from bigbatch.data.device_decode import decode_pending, resample_rounding
+from bigbatch.data.transforms import Box
 from bigbatch.errors import ConfigError, DataError
 
 SIZE = 48
@@ -27,7 +31,7 @@ def uint8_set(info: FolderInfo, defer: bool, **options) -> ImageFolderData:
     dataset = ImageFolderData(info.root, "train", seed=3, image_size=SIZE, normalize=False,
                               fast_decode=False, **options)
     if defer:
-        dataset.decode_jpegs_on_device()
+        dataset.defer_jpegs_to_device()
     return dataset
 
 
@@ -44,7 +48,7 @@ def finish(dataset: ImageFolderData, batch: Batch) -> tuple[torch.Tensor, torch.
     return images, labels, [*batch.skipped, *broken]
 
 
-def test_device_decoded_crops_match_the_loaders(folder: FolderInfo) -> None:
+def test_device_decoded_crops_are_the_loaders(folder: FolderInfo) -> None:
     loader_set, device_set = uint8_set(folder, False), uint8_set(folder, True)
     expected = loader_set.__getitems__(keys(loader_set))
     deferred = device_set.__getitems__(keys(device_set))
@@ -56,13 +60,70 @@ def test_device_decoded_crops_match_the_loaders(folder: FolderInfo) -> None:
     images, labels, skipped = finish(device_set, deferred)
     assert skipped == expected.skipped
     assert torch.equal(labels, expected.labels)
-    difference = (images.int() - expected.images.int()).abs()
-    for row in range(len(labels)):
-        if row in pending_rows:  # the float resampler rounds once more than the uint8 one
-            assert int(difference[row].max()) <= 1
-            assert float(difference[row].float().mean()) < 0.1
-        else:
-            assert int(difference[row].max()) == 0
+    assert torch.equal(images, expected.images)  # the same decoder and resampler on the CPU
+
+
+def test_the_float_resampler_rounds_to_within_one_level_of_the_uint8_one() -> None:
+    """What a GPU runs (no uint8 antialiased kernel there), checked on the CPU."""
+    pixels = smooth_pixels(400, 300, np.random.default_rng(0))
+    image = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+    for box in (Box(0, 0, 400, 300), Box(13, 7, 211, 170), Box(100, 50, 40, 30)):
+        rows = torch.empty(3, SIZE, SIZE, dtype=torch.uint8)
+        rows.copy_(resample_rounding(image, box, SIZE))
+        difference = (rows.int() - resize_box(image, box, SIZE).int()).abs()
+        assert int(difference.max()) <= 1
+        assert float((difference == 0).float().mean()) > 0.7  # upsampling differs most
+
+
+def failing_device(monkeypatch: pytest.MonkeyPatch, fails: Callable[[int], bool]) -> None:
+    """A device whose decoder fails on the files for which ``fails(position)`` holds."""
+    real = device_decode.decode_all
+
+    def decode_all(encoded, device):
+        decoded = real(encoded, device)
+        return [RuntimeError("no decoder here") if fails(k) else image
+                for k, image in enumerate(decoded)]
+
+    monkeypatch.setattr(device_decode, "decode_all", decode_all)
+
+
+def test_files_the_device_cannot_decode_are_decoded_on_the_cpu(
+        folder: FolderInfo, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    failing_device(monkeypatch, lambda position: True)  # fewer files than a whole batch
+    monkeypatch.setattr(device_decode, "_warned_fallback", False)
+    loader_set, device_set = uint8_set(folder, False), uint8_set(folder, True)
+    expected = loader_set.__getitems__(keys(loader_set))
+    deferred = device_set.__getitems__(keys(device_set))
+    assert len(deferred.pending.rows) < device_decode.WHOLE_BATCH_FAILURE
+    images, labels, skipped = finish(device_set, deferred)
+    assert torch.equal(images, expected.images) and torch.equal(labels, expected.labels)
+    assert skipped == expected.skipped
+    assert caplog.text.count("could not decode") == 1  # once per process
+
+
+def test_a_device_that_decodes_nothing_stops_the_run(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    failing_device(monkeypatch, lambda position: True)
+    make_jpeg_folder(tmp_path, device_decode.WHOLE_BATCH_FAILURE, size=(120, 90))
+    dataset = ImageFolderData(tmp_path, "train", image_size=SIZE, normalize=False)
+    dataset.defer_jpegs_to_device()
+    batch = dataset.__getitems__(keys(dataset))
+    assert len(batch.pending.rows) >= device_decode.WHOLE_BATCH_FAILURE
+    with pytest.raises(DataError, match="cannot decode JPEGs .*decode_on_device=false"):
+        finish(dataset, batch)
+
+
+def test_a_file_decoded_to_another_size_than_its_header_says_goes_to_the_cpu(
+        folder: FolderInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = device_decode.decode_all
+    monkeypatch.setattr(device_decode, "decode_all", lambda encoded, device: [
+        image[:, 1:] if k == 0 and isinstance(image, torch.Tensor) else image
+        for k, image in enumerate(real(encoded, device))])
+    loader_set, device_set = uint8_set(folder, False), uint8_set(folder, True)
+    expected = loader_set.__getitems__(keys(loader_set))
+    images, _, _ = finish(device_set, device_set.__getitems__(keys(device_set)))
+    assert torch.equal(images, expected.images)
 
 
 def test_a_jpeg_the_device_cannot_decode_is_skipped_and_reported(
@@ -72,7 +133,7 @@ def test_a_jpeg_the_device_cannot_decode_is_skipped_and_reported(
     batch = dataset.__getitems__(keys(dataset))
     assert batch.pending is not None
     # The truncated file's header is whole, so the worker left it for the device.
-    assert any(file.name == str(truncated) for file in batch.pending.files)
+    assert any(crop.name == str(truncated) for crop in batch.pending.crops)
     assert str(truncated) not in batch.skipped
     images, labels, skipped = finish(dataset, batch)
     assert str(truncated) in skipped
@@ -113,7 +174,7 @@ def test_a_single_example_is_decoded_in_place(folder: FolderInfo) -> None:
 def test_device_decoding_needs_uint8_batches(folder: FolderInfo) -> None:
     dataset = ImageFolderData(folder.root, "train", image_size=SIZE)
     with pytest.raises(ConfigError, match="normalize_on_device"):
-        dataset.decode_jpegs_on_device()
+        dataset.defer_jpegs_to_device()
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -137,7 +198,7 @@ def test_packed_raw_records_are_resampled_by_the_loader(folder: FolderInfo,
 
     pack_imagefolder(folder.root, tmp_path / "packed", encoding="raw", short_side=64)
     packed = PackedImages(tmp_path / "packed", "train", image_size=SIZE, normalize=False)
-    packed.decode_jpegs_on_device()
+    assert not packed.defer_jpegs_to_device()
     batch = packed.__getitems__(keys(packed))
     assert batch.pending is None
     assert int(batch.images.abs().sum()) > 0
@@ -151,3 +212,29 @@ def test_pinning_and_moving_a_batch_keep_its_pending_jpegs(folder: FolderInfo,
     for moved in (batch.pin_memory(), batch.to("cpu")):
         assert moved.pending is batch.pending
         assert moved.skipped == batch.skipped
+
+
+def test_recomputed_batchnorm_statistics_see_the_decoded_images(tmp_path: Path) -> None:
+    """eval.bn_recompute runs training micro-batches through the model: with the JPEGs left to
+    the device they must be decoded first, giving the statistics of the workers' decoding."""
+    from torch import nn
+
+    from bigbatch.distributed import DistContext
+    from bigbatch.geometry import BatchGeometry
+    from bigbatch.precise_bn import PreciseBN
+
+    cpu = DistContext(rank=0, world_size=1, local_rank=0, backend=None,
+                      device=torch.device("cpu"))
+    make_jpeg_folder(tmp_path, 16, size=(120, 90))
+    statistics = []
+    for defer in (False, True):
+        dataset = ImageFolderData(tmp_path, "train", image_size=SIZE, normalize=False)
+        if defer:
+            assert dataset.defer_jpegs_to_device()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+        geometry = BatchGeometry(8, 4, 1, len(dataset))
+        PreciseBN(2, dataset, geometry, seed=0, ctx=cpu).apply(model, 0)
+        statistics.append(model[1].running_mean.clone())
+    assert torch.equal(statistics[0], statistics[1])
+    assert float(statistics[0].abs().sum()) > 0

@@ -59,6 +59,9 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     seeds = [json.loads((tmp_path / name / "summary.json").read_text())["seed"]
              for name in ("fashion-mnist", "fashion-mnist-seed-1")]
     assert seeds == [0, 1]
+    decode_check = json.loads((tmp_path / "device_decode.jsonl").read_text())
+    assert decode_check["broken"]["same"] and len(decode_check["broken"]["device_skipped"]) == 2
+    assert decode_check["pixels"]["max_abs"] == 0  # the CPU as the device: the workers' crops
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
 
 

@@ -382,7 +382,7 @@ def test_device_decoding_of_shards_keeps_the_samples_and_finds_the_cut_one(shard
                     fast_decode=False)  # the device decodes at full scale, never drafted
     workers, _ = build_datasets("webdataset", **settings)
     device, _ = build_datasets("webdataset", **settings)
-    device.decode_jpegs_on_device()
+    device.defer_jpegs_to_device()
     expected, batch = workers.__getitems__(keys), device.__getitems__(keys)
     cut = f"{shards / 'train-0001.tar'}:cut"
     assert batch.pending is not None and cut not in batch.skipped

@@ -26,13 +26,13 @@ def image_size_for(cfg: RunConfig) -> int | None:
     return default_image_size(cfg.model.name, cfg.model.options)
 
 
-def datasets_for(cfg: RunConfig, uint8_train: bool = False, jpegs_to_device: bool = False):
+def datasets_for(cfg: RunConfig, uint8_train: bool = False, decode_on_device: bool = False):
     """(train, val) datasets of the run.
 
     ``uint8_train``: the training set returns uint8 images where it can (imagefolder, packed),
     for the loop to normalise on the device (data.transforms.normalize_images); the validation
-    set always returns normalised float images. ``jpegs_to_device``: the training set leaves
-    its RGB JPEGs for the device to decode (data/device_decode.py).
+    set always returns normalised float images. ``decode_on_device``: the training set leaves
+    its RGB JPEGs for the device to decode (data/device_decode.py), where it has any.
     """
     train, val = build_datasets(
         cfg.data.name,
@@ -52,8 +52,8 @@ def datasets_for(cfg: RunConfig, uint8_train: bool = False, jpegs_to_device: boo
     )
     if uint8_train and hasattr(val, "normalize"):
         val.normalize = True
-    if jpegs_to_device:
-        train.decode_jpegs_on_device()
+    if decode_on_device:
+        train.defer_jpegs_to_device()
     return train, val
 
 

@@ -39,10 +39,11 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from bigbatch.data.batch import Batch
+from bigbatch.data.device_batch import batch_on_device
 from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import GlobalBatchPlan, Key
 from bigbatch.data.seeding import mix64
-from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, all_reduce_sum
 from bigbatch.errors import ConfigError
 from bigbatch.geometry import BatchGeometry
@@ -175,7 +176,7 @@ class PreciseBN:
             with torch.random.fork_rng(devices=devices):
                 for j, batch in zip(mine, loader, strict=True):
                     torch.manual_seed(mix64(self.seed, _DROPOUT_STREAM, epoch, j))
-                    rows[j] = self.statistics_of(model, layers, batch.images)
+                    rows[j] = self.statistics_of(model, layers, batch)
         finally:
             for layer, momentum in zip(layers, momenta, strict=True):
                 layer.momentum = momentum
@@ -184,16 +185,17 @@ class PreciseBN:
         return rows
 
     def statistics_of(self, model: nn.Module, layers: list[_BatchNorm],
-                      images: torch.Tensor) -> torch.Tensor:
+                      batch: Batch) -> torch.Tensor:
         """One micro-batch's per-channel (mean, unbiased var) of every layer, concatenated.
         The running buffers are zeroed first, so that at momentum 1 the update leaves exactly
         the batch statistic, whichever way the kernel writes the moving average."""
         for layer in layers:
             layer.running_mean.zero_()
             layer.running_var.zero_()
-        images = images.to(self.ctx.device, non_blocking=True, memory_format=self.memory_format)
+        batch = batch_on_device(batch, self.ctx.device, self.memory_format,
+                                getattr(self.dataset, "report_broken", None))
         with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
-            model(normalize_images(images))
+            model(batch.images)
         return torch.cat([torch.cat([layer.running_mean, layer.running_var])
                           for layer in layers]).double()

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from bigbatch.data.batch import Batch, PendingJpeg, load_batch, normalize_key
+from bigbatch.data.batch import Batch, DeferredJpeg, load_batch, normalize_key
 from bigbatch.data.decode import crop_planes
-from bigbatch.data.device_decode import pending_jpeg
+from bigbatch.data.device_decode import deferred_jpeg
 from bigbatch.data.transforms import BoxForSize, eval_resize_size, example_crop
 from bigbatch.errors import ConfigError, DataError
 
@@ -50,8 +50,8 @@ class IndexedImages(Dataset):
         fast_decode: decode JPEGs at reduced scale when that loses no output resolution.
         normalize: float32 normalised images if True, else uint8 (transforms.normalize_images).
 
-    ``defer_jpegs`` (set with ``decode_jpegs_on_device``) leaves RGB JPEGs undecoded in the
-    batches for the training device (data/device_decode.py).
+    ``defer_jpegs`` (set by ``defer_jpegs_to_device``) leaves RGB JPEGs undecoded in the
+    batches, for the training device (data/device_decode.py).
     """
 
     in_channels = 3
@@ -102,21 +102,23 @@ class IndexedImages(Dataset):
         return crop_planes(self.encoded(index), box_for_size, self.image_size, self.fast_decode,
                            flip)
 
-    def load_or_defer(self, index: int, epoch: int) -> torch.Tensor | PendingJpeg:
-        """load_image, or a PendingJpeg where the device can decode the example."""
+    def load_or_defer(self, index: int, epoch: int) -> torch.Tensor | DeferredJpeg:
+        """load_image, or the example's file left undecoded where the device can take it."""
         box_for_size, flip = self.crop_plan(index, epoch)
         data = self.encoded(index)
-        pending = pending_jpeg(data, box_for_size, self.image_size, flip, self.describe(index))
-        if pending is not None:
-            return pending
+        deferred = deferred_jpeg(data, box_for_size, self.image_size, flip, self.describe(index))
+        if deferred is not None:
+            return deferred
         return crop_planes(data, box_for_size, self.image_size, self.fast_decode, flip)
 
-    def decode_jpegs_on_device(self) -> None:
-        """Leave RGB JPEGs for the training device to decode (uint8 batches only)."""
+    def defer_jpegs_to_device(self) -> bool:
+        """Leave RGB JPEGs for the training device to decode (uint8 batches only); returns
+        whether the data set has JPEGs to leave."""
         if self.normalize:
             raise ConfigError("decoding JPEGs on the device needs uint8 batches; set "
                               "data.normalize_on_device=true")
         self.defer_jpegs = True
+        return True
 
     def load_pixels(self, index: int, epoch: int) -> np.ndarray:
         """load_image as an image_size x image_size x 3 uint8 array (for inspection)."""

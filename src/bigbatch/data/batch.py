@@ -22,16 +22,23 @@ from bigbatch.data.transforms import (
 
 
 @dataclass(frozen=True)
-class PendingJpeg:
-    """An RGB JPEG whose decoding is left to the training device (data/device_decode.py): its
-    bytes, its frame size, its whole-pixel crop box, its flip and how messages name it."""
+class JpegCrop:
+    """What the training device does with one RGB JPEG it decodes (data/device_decode.py): the
+    file's frame size, the whole-pixel box to crop, the flip, and how messages name the file."""
 
-    data: bytes
     height: int
     width: int
     box: Box
     flip: bool
     name: str
+
+
+@dataclass(frozen=True)
+class DeferredJpeg:
+    """An example a loader worker left undecoded: the file's bytes and its crop."""
+
+    data: bytes
+    crop: JpegCrop
 
 
 @dataclass
@@ -43,18 +50,19 @@ class PendingJpegs:
     rows: list[int]
     data: torch.Tensor
     ends: list[int]
-    files: list[PendingJpeg]  # each without its bytes (they are in ``data``)
+    crops: list[JpegCrop]
 
     @classmethod
-    def pack(cls, rows: list[int], files: list[PendingJpeg]) -> PendingJpegs | None:
+    def pack(cls, rows: list[int], files: list[DeferredJpeg]) -> PendingJpegs | None:
         """The pending JPEGs of a batch, or None if there are none."""
         if not files:
             return None
         ends = np.cumsum([len(file.data) for file in files]).tolist()
         data = batch_tensor((ends[-1],), torch.uint8)
-        data.numpy()[:] = np.frombuffer(b"".join(file.data for file in files), dtype=np.uint8)
-        bare = [PendingJpeg(b"", f.height, f.width, f.box, f.flip, f.name) for f in files]
-        return cls(rows, data, ends, bare)
+        packed = data.numpy()
+        for start, end, file in zip([0, *ends[:-1]], ends, files, strict=True):
+            packed[start:end] = np.frombuffer(file.data, dtype=np.uint8)
+        return cls(rows, data, ends, [file.crop for file in files])
 
     def encoded(self) -> list[torch.Tensor]:
         """Each file's bytes, as uint8 views of ``data``."""
@@ -159,11 +167,11 @@ class BatchImages:
         return self._out[: self._count]
 
 
-def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor | PendingJpeg],
+def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor | DeferredJpeg],
                broken: Callable[[int, Exception], str], labels: np.ndarray, image_size: int,
                normalize: bool) -> Batch:
     """The Batch of ``keys`` ((index, epoch) pairs or bare indices): ``load_image(index,
-    epoch)`` gives each 3 x S x S uint8 image, or a PendingJpeg for the device to decode (only
+    epoch)`` gives each 3 x S x S uint8 image, or a DeferredJpeg for the device to decode (only
     into uint8 batches); examples whose loading raises one of DECODE_ERRORS are left out and
     ``broken(index, error)`` names them in Batch.skipped."""
     pairs = keys_array(keys).tolist()
@@ -171,14 +179,14 @@ def load_batch(keys: list, load_image: Callable[[int, int], torch.Tensor | Pendi
     kept: list[int] = []
     skipped: list[str] = []
     pending_rows: list[int] = []
-    pending: list[PendingJpeg] = []
+    pending: list[DeferredJpeg] = []
     for index, epoch in pairs:
         try:
             image = load_image(index, epoch)
         except DECODE_ERRORS as error:
             skipped.append(broken(index, error))
             continue
-        if isinstance(image, PendingJpeg):
+        if isinstance(image, DeferredJpeg):
             pending_rows.append(images.reserve())
             pending.append(image)
         else:

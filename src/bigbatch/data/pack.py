@@ -48,7 +48,6 @@ import torch
 from PIL import Image
 
 from bigbatch.data.base import ON_BROKEN, IndexedImages, MappedFiles
-from bigbatch.data.batch import PendingJpeg
 from bigbatch.data.imagefolder import check_data_root, scan_split, strided_subset
 from bigbatch.data.transforms import (
     DECODE_ERRORS,
@@ -447,11 +446,13 @@ class PackedImages(IndexedImages):
     def encoded(self, index: int) -> bytes:
         return self.record(index).tobytes()
 
-    def load_or_defer(self, index: int, epoch: int) -> torch.Tensor | PendingJpeg:
-        """Raw records are pixels already: the loader resamples them whatever the setting."""
+    def defer_jpegs_to_device(self) -> bool:
+        """Raw records are pixels, not JPEGs: the loader resamples them whatever the setting."""
         if self.encoding != "raw":
-            return super().load_or_defer(index, epoch)
-        return self.load_image(index, epoch)
+            return super().defer_jpegs_to_device()
+        log.warning("%s holds raw pixels, not JPEGs: data.decode_on_device has nothing to "
+                    "decode", self.root / self.split)
+        return False
 
     def load_image(self, index: int, epoch: int) -> torch.Tensor:
         """One example as a 3 x image_size x image_size uint8 tensor (raises DECODE_ERRORS)."""

@@ -41,11 +41,10 @@ from bigbatch.build import (
 )
 from bigbatch.config import RunConfig
 from bigbatch.data.batch import Batch
-from bigbatch.data.device_decode import decode_pending
+from bigbatch.data.device_batch import batch_on_device
 from bigbatch.data.loader import make_loader
 from bigbatch.data.sampler import GlobalBatchPlan, TrainBatches
 from bigbatch.data.seeding import mix64
-from bigbatch.data.transforms import normalize_images
 from bigbatch.distributed import DistContext, barrier
 from bigbatch.errors import ConfigError
 from bigbatch.evaluate import evaluate
@@ -117,8 +116,8 @@ class Trainer:
                                           self.peers.host)
         self.run_dir = Path(cfg.out)
         self.train_set, self.val_set = datasets_for(cfg, uint8_train=cfg.data.normalize_on_device,
-                                                    jpegs_to_device=cfg.data.decode_on_device)
-        if cfg.data.decode_on_device and ctx.is_main:
+                                                    decode_on_device=cfg.data.decode_on_device)
+        if getattr(self.train_set, "defer_jpegs", False) and ctx.is_main:
             log.info("training JPEGs are decoded on %s (data.decode_on_device)", ctx.device)
         self.geometry = geometry_for(cfg, len(self.train_set), ctx.world_size)
         check_count(cfg.eval.bn_recompute, self.geometry)  # eval.bn_recompute fits the data
@@ -243,21 +242,12 @@ class Trainer:
         """The next micro-batch of this rank, on the device, normalised and at the size of
         ``step`` (timed as data)."""
         timer.start("data")
-        batch = next(self.micro_batches)
-        images = batch.images.to(self.ctx.device, non_blocking=True,
-                                 memory_format=self.memory_format)
-        labels = batch.labels.to(self.ctx.device, non_blocking=True)
-        skipped = batch.skipped
-        if batch.pending is not None:
-            images, labels, broken = decode_pending(images, labels, batch.pending,
-                                                    self.train_set.report_broken)
-            images = images.contiguous(memory_format=self.memory_format)
-            skipped = [*skipped, *broken]
-        images = normalize_images(images)  # uint8 batches: on the device; float: unchanged
-        images = self.resize(images, step, self.memory_format)
+        batch = batch_on_device(next(self.micro_batches), self.ctx.device, self.memory_format,
+                                getattr(self.train_set, "report_broken", None))
+        images = self.resize(batch.images, step, self.memory_format)
         self.note_image_side(images.shape[-2], step)
         timer.stop("data")
-        return Batch(images, labels, skipped)
+        return Batch(images, batch.labels, batch.skipped)
 
     def note_image_side(self, side: int, step: int) -> None:
         if side != self.image_side and self.resize.enabled and self.ctx.is_main:
