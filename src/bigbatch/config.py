@@ -35,8 +35,8 @@ class DataConfig:
     # Training images travel as uint8 (imagefolder, packed) and are normalised on the training
     # device: 4x fewer bytes to copy, less work for the loader; same numbers as the float path.
     normalize_on_device: bool = True
-    # Training JPEGs decoded by the training device (nvJPEG on a GPU), not the loader workers:
-    # for a GPU whose workers cannot keep up (on a GPU the pixels may differ slightly from the CPU's).
+    # Training JPEGs decoded by the training device (nvJPEG on a GPU), not the loader workers,
+    # for a GPU whose workers cannot keep up; on a GPU the pixels may differ slightly.
     decode_on_device: bool = False
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000
