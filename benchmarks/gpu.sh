@@ -149,7 +149,10 @@ print(json.dumps({"run": name, "images_per_second": round(rate, 1), "steps": len
                   "top1": evals[-1]["top1"] if evals else None,
                   "optimizer_ms": round(statistics.median(r["time_optimizer"] for r in steps)
                                         * 1000, 3),
-                  "optimizer_share": round(share, 4)}), file=open(f"{folder}.json", "w"))
+                  "optimizer_share": round(share, 4),
+                  # host time waiting for and moving (or decoding) the batch: unsynchronised
+                  "data_ms": round(statistics.median(r["time_data"] for r in steps) * 1000, 3)}),
+      file=open(f"{folder}.json", "w"))
 EOF
 }
 

@@ -52,6 +52,7 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
                          "resnet50 bf16 channels_last jpeg folder device decode",
                          "resnet50 bf16 channels_last batch 2"}
     assert all(0 < runs[name]["optimizer_share"] < 1 for name in runs if "peer" not in name)
+    assert all(runs[name]["data_ms"] > 0 for name in runs if "peer" not in name)
     assert runs["resnet50 bf16 channels_last"]["steps"] == 2  # STEPS timed, WARMUP dropped
     assert all(r["images_per_second"] > 0 for r in runs.values())
     fashion = json.loads((tmp_path / "fashion-mnist" / "summary.json").read_text())
