@@ -32,6 +32,7 @@
 #   COMPILED_STEP_S  time limit of its second run, the compiled LARS and LAMB (default 240 s)
 #   SMALL_BATCH  ResNet-50 micro-batch of the short-step run (default 32, the paper's scale;
 #             0 skips it): each run records the optimizer's share of its step
+#   LARGE_BATCH  ResNet-50 micro-batch of the large-batch run (default 512; 0 skips it)
 #   PEER      0: skip the plain-loop peer (benchmarks/peer_loop.py, one device)
 #   JPEGS     generated 500x375 quality-90 JPEGs for the image-folder run (default 1024; 0 skips
 #             it); the run reads them for as many epochs as STEPS + WARMUP steps need, once
@@ -190,6 +191,16 @@ if [ "$SMALL_BATCH" -gt 0 ]; then
     part "resnet50 bf16 channels_last batch $SMALL_BATCH" "$OUT/resnet50-small" "${RESNET[@]}" \
         --set global_batch="$SMALL" --set micro_batch="$SMALL_BATCH" \
         --set data.synthetic_examples=$((SMALL * (STEPS + WARMUP)))
+fi
+
+# A larger batch per GPU keeps it busier per kernel launch (MLPerf Training v4.0's H200 entries
+# ran 400 images per GPU); 0 skips it.
+LARGE_BATCH=${LARGE_BATCH:-512}
+if [ "$LARGE_BATCH" -gt 0 ]; then
+    LARGE=$((LARGE_BATCH * NPROC))
+    part "resnet50 bf16 channels_last batch $LARGE_BATCH" "$OUT/resnet50-large" "${RESNET[@]}" \
+        --set global_batch="$LARGE" --set micro_batch="$LARGE_BATCH" \
+        --set data.synthetic_examples=$((LARGE * (STEPS + WARMUP)))
 fi
 
 # The peer: the plain loop an expert would write, same model, batch, precision and layout, its

@@ -21,7 +21,8 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
                WARMUP="1", NPROC="2", IMAGE_SIZE="32", WORKERS="0", FMNIST_EPOCHS="1",
                FMNIST_SET="data.train_subset=512 data.val_subset=500 global_batch=256 "
                           "micro_batch=128 model.options.width=8 data.workers=0",
-               JPEGS="8", SMALL_BATCH="2", OUT=str(tmp_path), OMP_NUM_THREADS="1",
+               JPEGS="8", SMALL_BATCH="2", LARGE_BATCH="4", OUT=str(tmp_path),
+               OMP_NUM_THREADS="1",
                # At 32x32 ResNet-50's last stage is 1x1, so BatchNorm over 2 images can blow a
                # step up (seen on the JPEG run, loss 15,064 at step 2): the plumbing is checked
                # here, not the numerics, so a non-finite step is skipped rather than fatal.
@@ -50,7 +51,8 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
                          "peer plain loop bf16 channels_last",
                          "resnet50 bf16 channels_last jpeg folder",
                          "resnet50 bf16 channels_last jpeg folder device decode",
-                         "resnet50 bf16 channels_last batch 2"}
+                         "resnet50 bf16 channels_last batch 2",
+                         "resnet50 bf16 channels_last batch 4"}
     assert all(0 < runs[name]["optimizer_share"] < 1 for name in runs if "peer" not in name)
     assert all(runs[name]["data_ms"] > 0 for name in runs if "peer" not in name)
     assert runs["resnet50 bf16 channels_last"]["steps"] == 2  # STEPS timed, WARMUP dropped
@@ -67,7 +69,7 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
-    run = dry_run(tmp_path, PEER="0", JPEGS="0", SMALL_BATCH="0",
+    run = dry_run(tmp_path, PEER="0", JPEGS="0", SMALL_BATCH="0", LARGE_BATCH="0",
                   FMNIST_SET="model.options.width=0")
     assert run.returncode == 2
     assert "1 part(s) failed: fashion-mnist default recipe" in run.stderr
