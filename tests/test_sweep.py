@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -487,6 +488,26 @@ def test_real_sweep_reruns_only_an_unfinished_run(tiny_sweep, monkeypatch):
 
 def test_real_sweep_refuses_other_settings_in_the_same_folder(tiny_sweep):
     args = parser_with_sweep().parse_args(tiny_args(tiny_sweep, "--set", "seed=5"))
+    with pytest.raises(ConfigError, match="other settings"):
+        args.handler(args)
+
+
+def test_a_run_recorded_before_a_config_field_existed_is_the_same_plan(tiny_sweep, tmp_path,
+                                                                      monkeypatch):
+    """A field added to the config later (here data.decode_on_device) counts at its default in
+    runs recorded without it, so upgrading bigbatch does not orphan a sweep; a real difference
+    in the same record is still refused."""
+    sweep = shutil.copytree(tiny_sweep, tmp_path / "sweep")
+    plans = sorted(sweep.glob("runs/*/sweep_run.json"))
+    for plan in plans:
+        recorded = json.loads(plan.read_text())
+        del recorded["data"]["decode_on_device"]
+        plan.write_text(json.dumps(recorded))
+    monkeypatch.setattr(runner, "execute_run", lambda *args: pytest.fail("a finished run reran"))
+    args = parser_with_sweep().parse_args(tiny_args(sweep))
+    assert args.handler(args) == 0
+    recorded["data"]["augment"] = not recorded["data"]["augment"]
+    plans[-1].write_text(json.dumps(recorded))
     with pytest.raises(ConfigError, match="other settings"):
         args.handler(args)
 

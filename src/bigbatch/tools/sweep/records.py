@@ -317,13 +317,15 @@ def check_same_plan(run_dir: Path, planned: dict[str, Any]) -> None:
 def plan_signature(config: dict[str, Any]) -> dict[str, Any]:
     """What defines the training of a run: its config with the peak LR in place of the
     (base LR, reference batch) pair it was derived from, which a re-centred grid spells
-    differently for the same run."""
+    differently for the same run. The config is read back through RunConfig, so that a field
+    added since a run was recorded counts at its default (what the run did without it)."""
     from bigbatch.config import config_from_dict
 
-    signature = json.loads(json.dumps(config))
+    run_config = config_from_dict(config)
+    signature = json.loads(json.dumps(asdict(run_config)))
     from bigbatch.build import peak_lr  # imports torch: only when a sweep runs
 
-    signature["peak_lr"] = peak_lr(config_from_dict(config))
+    signature["peak_lr"] = peak_lr(run_config)
     for key in ("lr", "reference_batch"):
         signature["optim"].pop(key, None)
     signature.pop("out", None)
