@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import shutil
 import math
+import shutil
 from pathlib import Path
 
 import pytest
