@@ -7,11 +7,13 @@ loader workers' decoding, on generated files.
 A folder of ImageNet-like JPEGs (500x375, quality 90, as benchmarks/input_pipeline.py makes
 them) plus two JPEGs cut short (their headers whole, so only decoding finds them broken):
 
-* broken: the files the device's path skips against those the workers skip (must be the same);
-* pixels: the device's crops against the workers' (full-scale decoding on both sides): largest
-  and mean absolute difference, and the share of equal values;
-* the device's own share: images/s of decode_pending (decode, crop, resize, synchronised) over
-  the folder's batches, per round, after a warm-up round.
+* pixels (before the broken files are added): the device's crops against the workers'
+  (full-scale decoding on both sides): largest and mean absolute difference, the share of
+  equal values;
+* the device's own share, on the same files: images/s of decode_pending (decode, crop, resize,
+  synchronised) over the folder's batches, per round, after a warm-up round;
+* broken (after): the files the device's path skips against those the workers skip (must be
+  the same).
 
 Appends to docs/results/device_decode.jsonl unless --out names another file.
 """
@@ -75,32 +77,42 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(root: Path, device: torch.device, batch: int, rounds: int) -> dict:
-    workers = ImageFolderData(root, "train", normalize=False, fast_decode=False)
-    deferring = ImageFolderData(root, "train", normalize=False, fast_decode=False)
-    deferring.defer_jpegs_to_device()
-    expected = batches(workers, batch, 0)
-    crops, skipped, _ = on_device(deferring, batches(deferring, batch, 0), device)
-    reference = torch.cat([b.images for b in expected])
-    workers_skipped = [name for b in expected for name in b.skipped]
+def deferring_set(root: Path) -> ImageFolderData:
+    dataset = ImageFolderData(root, "train", normalize=False, fast_decode=False)
+    dataset.defer_jpegs_to_device()
+    return dataset
+
+
+def pixels_and_rate(root: Path, device: torch.device, batch: int, rounds: int) -> dict:
+    """On the folder without broken files: the device's crops against the workers', and its
+    decode rate per round after a warm-up round (no file takes the fallback path)."""
+    workers, deferring = ImageFolderData(root, "train", normalize=False,
+                                         fast_decode=False), deferring_set(root)
+    reference = torch.cat([b.images for b in batches(workers, batch, 0)])
+    crops = on_device(deferring, batches(deferring, batch, 0), device)[0]
+    difference = (crops.int() - reference.int()).abs()
     rates = []
-    for round_index in range(rounds + 1):  # round 0 warms the decoder up
+    for round_index in range(rounds + 1):
         loaded = batches(deferring, batch, round_index)
         count = sum(len(b.pending.rows) for b in loaded if b.pending is not None)
         seconds = on_device(deferring, loaded, device)[2]
         if round_index:
             rates.append(round(count / seconds, 1))
-    pixels = {"note": "shapes differ: the skip lists differ"}
-    if crops.shape == reference.shape:
-        difference = (crops.int() - reference.int()).abs()
-        pixels = {"max_abs": int(difference.max()), "mean_abs": round(float(
-            difference.float().mean()), 4), "equal_share": round(float(
-                (difference == 0).float().mean()), 4)}
-    device_skipped = sorted(Path(name).name for name in skipped)
-    workers_skipped = sorted(Path(name).name for name in workers_skipped)
-    return {"broken": {"device_skipped": device_skipped, "workers_skipped": workers_skipped,
-                       "same": device_skipped == workers_skipped},
-            "pixels": pixels, "device_images_per_second": spread(rates)}
+    return {"pixels": {"max_abs": int(difference.max()),
+                       "mean_abs": round(float(difference.float().mean()), 4),
+                       "equal_share": round(float((difference == 0).float().mean()), 4)},
+            "device_images_per_second": spread(rates)}
+
+
+def broken_files(root: Path, device: torch.device, batch: int) -> dict:
+    """The files the device's path skips against those the workers skip."""
+    workers = ImageFolderData(root, "train", normalize=False, fast_decode=False)
+    workers_skipped = [name for b in batches(workers, batch, 0) for name in b.skipped]
+    deferring = deferring_set(root)
+    device_skipped = on_device(deferring, batches(deferring, batch, 0), device)[1]
+    mine = sorted(Path(name).name for name in device_skipped)
+    theirs = sorted(Path(name).name for name in workers_skipped)
+    return {"device_skipped": mine, "workers_skipped": theirs, "same": mine == theirs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,8 +127,9 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_folder(root, args.images)
+        result = pixels_and_rate(root, device, args.batch, args.rounds)
         cut = add_cut_files(root)
-        result = measure(root, device, args.batch, args.rounds)
+        result["broken"] = broken_files(root, device, args.batch)
     record = with_machine({
         "benchmark": "device_decode", "device": str(device),
         "setup": {"images": args.images, "source": "500x375 JPEG quality 90",

@@ -284,7 +284,7 @@ if [ "$JPEGS" -gt 0 ]; then
     fi
     "$PYTHON" benchmarks/device_decode_check.py "${decode_check[@]}" > "$OUT/device_decode.log" \
         2>&1 && tail -n 30 "$OUT/device_decode.log" \
-        || echo "gpu.sh: the device decode check failed (see $OUT/device_decode.log)" >&2
+        || { FAILED+=("device decode check"); echo "gpu.sh: the device decode check failed (see $OUT/device_decode.log)" >&2; }
 fi
 
 # The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB run their

@@ -238,3 +238,17 @@ def test_recomputed_batchnorm_statistics_see_the_decoded_images(tmp_path: Path) 
         statistics.append(model[1].running_mean.clone())
     assert torch.equal(statistics[0], statistics[1])
     assert float(statistics[0].abs().sum()) > 0
+
+
+def test_running_out_of_device_memory_in_the_decoder_is_raised(folder: FolderInfo,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """torchvision reports it as a plain RuntimeError; it must not pass for a broken file."""
+    def decoder(*args, **kwargs):
+        raise RuntimeError("Error while decoding JPEG images: CUDA out of memory")
+
+    monkeypatch.setattr(device_decode, "turbo_decoder", lambda: decoder)
+    dataset = uint8_set(folder, True)
+    batch = dataset.__getitems__(keys(dataset))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        finish(dataset, batch)

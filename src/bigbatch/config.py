@@ -36,7 +36,7 @@ class DataConfig:
     # device: 4x fewer bytes to copy, less work for the loader; same numbers as the float path.
     normalize_on_device: bool = True
     # Training JPEGs decoded by the training device (nvJPEG on a GPU), not the loader workers,
-    # for a GPU whose workers cannot keep up; on a GPU the pixels may differ slightly.
+    # for a GPU whose workers cannot keep up; on a GPU pixels may differ slightly from theirs.
     decode_on_device: bool = False
     synthetic_examples: int = 10000
     synthetic_classes: int = 1000

@@ -71,30 +71,41 @@ def decode_all(encoded: list[torch.Tensor],
                device: torch.device) -> list[torch.Tensor | RuntimeError]:
     """Each file decoded to a 3 x H x W uint8 RGB tensor on ``device``, or the error it raised:
     all in one batched call, or, if that fails, file by file to find the failing ones. Running
-    out of device memory is not a decoding failure and is raised."""
+    out of device memory is not a decoding failure and is raised.
+
+    On CUDA the current stream is drained first: torchvision's decoder allocates its outputs on
+    the current stream but writes them from a stream of its own that waits for nothing, so
+    memory just freed by kernels still queued (gradients after zero_grad, a previous
+    micro-batch's activations) could be written while they still read it."""
     decode = turbo_decoder()
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
     try:
         return list(decode(encoded, device=device))
-    except torch.OutOfMemoryError:
-        raise
-    except RuntimeError:
-        pass
+    except RuntimeError as error:
+        raise_if_out_of_memory(error)
     decoded: list[torch.Tensor | RuntimeError] = []
     for data in encoded:
         try:
             decoded.append(decode(data, device=device))
-        except torch.OutOfMemoryError:
-            raise
         except RuntimeError as error:
+            raise_if_out_of_memory(error)
             decoded.append(error)
     return decoded
+
+
+def raise_if_out_of_memory(error: RuntimeError) -> None:
+    """Re-raise an out-of-memory error, which torchvision's decoder reports as a plain
+    RuntimeError ("Error while decoding JPEG images: ... out of memory")."""
+    if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error):
+        raise error
 
 
 def resample_rounding(image: torch.Tensor, box: Box, out_size: int) -> torch.Tensor:
     """The whole-pixel ``box`` of a 3 x H x W uint8 image resampled (bilinear, antialiased) to
     3 x out_size x out_size in float, from the box's own pixels, plus 0.5: copying it into a
-    uint8 tensor (which truncates) rounds it. Three kernels, for devices without a uint8
-    antialiased resampler."""
+    uint8 tensor (which truncates) rounds it. Three kernels (four with the flip), for devices
+    without a uint8 antialiased resampler."""
     left, top, width, height = int(box.left), int(box.top), int(box.width), int(box.height)
     crop = torch.add(image[:, top : top + height, left : left + width], 0.5)  # float32
     resized = functional.interpolate(
