@@ -303,7 +303,12 @@ def check_same_plan(run_dir: Path, planned: dict[str, Any]) -> None:
         return
     recorded = json.loads(path.read_text())
     keys = ("epochs", "global_batch", "micro_batch", "seed", "model", "optim", "schedule", "data")
-    mine, theirs = plan_signature(planned), plan_signature(recorded)
+    mine = plan_signature(planned)
+    try:
+        theirs = plan_signature(recorded)
+    except ConfigError as error:
+        raise ConfigError(f"{run_dir} holds a run recorded by another bigbatch version ({error}); "
+                          "use a new --out folder or remove that run") from None
     changed = [k for k in keys if mine.get(k) != theirs.get(k)]
     if not math.isclose(mine["peak_lr"], theirs["peak_lr"], rel_tol=1e-9):
         changed.append("peak LR")
@@ -318,7 +323,8 @@ def plan_signature(config: dict[str, Any]) -> dict[str, Any]:
     """What defines the training of a run: its config with the peak LR in place of the
     (base LR, reference batch) pair it was derived from, which a re-centred grid spells
     differently for the same run. The config is read back through RunConfig, so that a field
-    added since a run was recorded counts at its default (what the run did without it)."""
+    added since a run was recorded counts at its default (a new field's default must therefore
+    be what runs did before it existed)."""
     from bigbatch.config import config_from_dict
 
     run_config = config_from_dict(config)
