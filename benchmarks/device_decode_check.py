@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, spread, with_machine  # noqa: E402
-from input_pipeline import make_folder  # noqa: E402
+from input_pipeline import deferring, make_folder  # noqa: E402
 
 from bigbatch.data.batch import Batch  # noqa: E402
 from bigbatch.data.device_decode import decode_pending  # noqa: E402
@@ -77,25 +77,23 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def deferring_set(root: Path) -> ImageFolderData:
-    dataset = ImageFolderData(root, "train", normalize=False, fast_decode=False)
-    dataset.defer_jpegs_to_device()
-    return dataset
+def uint8_folder(root: Path) -> ImageFolderData:
+    """The folder's training set as the check reads it: uint8 batches, full-scale decoding."""
+    return ImageFolderData(root, "train", normalize=False, fast_decode=False)
 
 
 def pixels_and_rate(root: Path, device: torch.device, batch: int, rounds: int) -> dict:
     """On the folder without broken files: the device's crops against the workers', and its
     decode rate per round after a warm-up round (no file takes the fallback path)."""
-    workers, deferring = ImageFolderData(root, "train", normalize=False,
-                                         fast_decode=False), deferring_set(root)
-    reference = torch.cat([b.images for b in batches(workers, batch, 0)])
-    crops = on_device(deferring, batches(deferring, batch, 0), device)[0]
+    device_set = deferring(uint8_folder(root))
+    reference = torch.cat([b.images for b in batches(uint8_folder(root), batch, 0)])
+    crops = on_device(device_set, batches(device_set, batch, 0), device)[0]
     difference = (crops.int() - reference.int()).abs()
     rates = []
     for round_index in range(rounds + 1):
-        loaded = batches(deferring, batch, round_index)
+        loaded = batches(device_set, batch, round_index)
         count = sum(len(b.pending.rows) for b in loaded if b.pending is not None)
-        seconds = on_device(deferring, loaded, device)[2]
+        seconds = on_device(device_set, loaded, device)[2]
         if round_index:
             rates.append(round(count / seconds, 1))
     return {"pixels": {"max_abs": int(difference.max()),
@@ -106,10 +104,9 @@ def pixels_and_rate(root: Path, device: torch.device, batch: int, rounds: int) -
 
 def broken_files(root: Path, device: torch.device, batch: int) -> dict:
     """The files the device's path skips against those the workers skip."""
-    workers = ImageFolderData(root, "train", normalize=False, fast_decode=False)
-    workers_skipped = [name for b in batches(workers, batch, 0) for name in b.skipped]
-    deferring = deferring_set(root)
-    device_skipped = on_device(deferring, batches(deferring, batch, 0), device)[1]
+    workers_skipped = [name for b in batches(uint8_folder(root), batch, 0) for name in b.skipped]
+    device_set = deferring(uint8_folder(root))
+    device_skipped = on_device(device_set, batches(device_set, batch, 0), device)[1]
     mine = sorted(Path(name).name for name in device_skipped)
     theirs = sorted(Path(name).name for name in workers_skipped)
     return {"device_skipped": mine, "workers_skipped": theirs, "same": mine == theirs}

@@ -183,25 +183,20 @@ if [ "$COMPILE" = 1 ]; then
     done
 fi
 
+# The synthetic run at another micro-batch per GPU (0 skips it), in its own run folder.
+batch_part() {  # batch_part <micro-batch per GPU> <run dir>
+    [ "$1" -gt 0 ] || return 0
+    local global=$(($1 * NPROC))
+    part "resnet50 bf16 channels_last batch $1" "$2" "${RESNET[@]}" \
+        --set global_batch="$global" --set micro_batch="$1" \
+        --set data.synthetic_examples=$((global * (STEPS + WARMUP)))
+}
 # At the paper's scale (32K over 1,000+ GPUs) a GPU holds 16-32 images: the optimizer's share of
 # such a short step, in the record's optimizer_share (every run has it).
-SMALL_BATCH=${SMALL_BATCH:-32}
-if [ "$SMALL_BATCH" -gt 0 ]; then
-    SMALL=$((SMALL_BATCH * NPROC))
-    part "resnet50 bf16 channels_last batch $SMALL_BATCH" "$OUT/resnet50-small" "${RESNET[@]}" \
-        --set global_batch="$SMALL" --set micro_batch="$SMALL_BATCH" \
-        --set data.synthetic_examples=$((SMALL * (STEPS + WARMUP)))
-fi
-
+batch_part "${SMALL_BATCH:-32}" "$OUT/resnet50-small"
 # A larger batch per GPU keeps it busier per kernel launch (MLPerf Training v4.0's H200 entries
-# ran 400 images per GPU); 0 skips it.
-LARGE_BATCH=${LARGE_BATCH:-512}
-if [ "$LARGE_BATCH" -gt 0 ]; then
-    LARGE=$((LARGE_BATCH * NPROC))
-    part "resnet50 bf16 channels_last batch $LARGE_BATCH" "$OUT/resnet50-large" "${RESNET[@]}" \
-        --set global_batch="$LARGE" --set micro_batch="$LARGE_BATCH" \
-        --set data.synthetic_examples=$((LARGE * (STEPS + WARMUP)))
-fi
+# ran 400 images per GPU).
+batch_part "${LARGE_BATCH:-512}" "$OUT/resnet50-large"
 
 # The peer: the plain loop an expert would write, same model, batch, precision and layout, its
 # data already on the device; on one device whatever NPROC is (compare per GPU).

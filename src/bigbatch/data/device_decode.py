@@ -162,9 +162,8 @@ def decode_pending(images: torch.Tensor, labels: torch.Tensor, pending: PendingJ
         try:
             images[row] = crop_on_device(image, crop, out_size)
             continue
-        except torch.OutOfMemoryError:
-            raise
         except RuntimeError as error:
+            raise_if_out_of_memory(error)
             device_failures.append(error)
         try:
             images[row] = crop_on_cpu(data, crop, out_size)
