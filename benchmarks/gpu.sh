@@ -38,6 +38,13 @@
 #             it); the run reads them for as many epochs as STEPS + WARMUP steps need, once
 #             decoded by the loader workers and once by the GPU (data.decode_on_device)
 #   OUT       scratch folder for the runs (default: a new temporary folder)
+#   TIME_LIMIT_S  wall-clock budget of the whole script in seconds (default 0: none). A part
+#             starts only while more than RESERVE_S (default 30) seconds are left, and runs
+#             under a timeout of what is left less RESERVE_S; a part not started, or stopped,
+#             is recorded as skipped, and the records are written all the same
+#   ARCHIVE   a .tar.gz path outside OUT: at the end (also after a failure) the scratch folder's logs,
+#             metrics, configs and summaries (no checkpoints, no generated JPEGs) and the lines
+#             this run appended to docs/results go into it, to bring back from a remote machine
 #   CPU_DRY_RUN  1: skip the GPU checks and the install and run everything on the CPU, with
 #             CUDA hidden and gloo between processes (tests/test_gpu_script.py runs it so in CI,
 #             with tiny sizes); the record goes to $OUT/dry-run.jsonl, never to docs/results
@@ -59,6 +66,27 @@ IMAGE_SIZE=${IMAGE_SIZE:-224}
 CPU_DRY_RUN=${CPU_DRY_RUN:-0}
 OUT=${OUT:-$(mktemp -d -t bigbatch-gpu-XXXXXX)}
 mkdir -p "$OUT"
+TIME_LIMIT_S=${TIME_LIMIT_S:-0}
+RESERVE_S=${RESERVE_S:-30}
+
+# The records this script appends to, and how many lines each had before it (for ARCHIVE).
+RECORDS=(docs/results/train_throughput.jsonl docs/results/lars_step.jsonl
+         docs/results/device_decode.jsonl)
+declare -A RECORD_LINES
+for record in "${RECORDS[@]}"; do
+    RECORD_LINES[$record]=$(if [ -f "$record" ]; then wc -l < "$record"; else echo 0; fi)
+done
+archive() {  # the run's small files and the new record lines into $ARCHIVE
+    [ -n "${ARCHIVE:-}" ] || return 0
+    mkdir -p "$OUT/records"
+    for record in "${RECORDS[@]}"; do
+        [ -f "$record" ] && tail -n +$((RECORD_LINES[$record] + 1)) "$record" \
+            > "$OUT/records/$(basename "$record")"
+    done
+    tar -czf "$ARCHIVE" -C "$OUT" --exclude='checkpoint-*' --exclude='.checkpoint-*' \
+        --exclude='./jpegs' . && echo "gpu.sh: logs and records in $ARCHIVE"
+}
+trap archive EXIT
 
 fail() { echo "gpu.sh: $*" >&2; exit "${2:-1}"; }
 FAILED=()
@@ -72,6 +100,37 @@ said = [line for line in text.splitlines() if line.startswith("bigbatch: ")]  # 
 json.dump({"run": name, "error": said[-1] if said else text[-2000:]}, open(out, "w"))
 EOF
     echo "gpu.sh: $1 failed (log: $2); going on" >&2
+}
+SKIPPED=()
+skipped_part() {  # skipped_part <name> <why>: recorded in the JSON line as skipped
+    SKIPPED+=("$1")
+    "$PYTHON" -c "import json, sys; json.dump({'run': sys.argv[1], 'skipped': sys.argv[2]},
+open(sys.argv[3], 'w'))" "$1" "$2" "$OUT/skipped-${#SKIPPED[@]}.json"
+    echo "gpu.sh: $1 skipped: $2" >&2
+}
+
+# The time limit: LIMIT is the timeout prefix of the next part's command (empty without a limit).
+LIMIT=()
+time_for() {  # time_for <name>: true, with LIMIT set, when the part may start; else skipped
+    LIMIT=()
+    [ "$TIME_LIMIT_S" -gt 0 ] || return 0
+    local left=$((TIME_LIMIT_S - SECONDS - RESERVE_S))
+    if [ "$left" -le 0 ]; then
+        skipped_part "$1" "not started: TIME_LIMIT_S=$TIME_LIMIT_S reached"
+        return 1
+    fi
+    LIMIT=(timeout --kill-after=10 "$left")
+}
+# after <name> <log> <exit status>: true for success; a part stopped by its timeout is skipped,
+# another failure failed.
+after() {
+    [ "$3" -ne 0 ] || return 0
+    if [ "${#LIMIT[@]}" -gt 0 ] && { [ "$3" -eq 124 ] || [ "$3" -eq 137 ]; }; then
+        skipped_part "$1" "stopped by its time limit (${LIMIT[2]} s)"
+    else
+        failed_part "$1" "$2"
+    fi
+    return 1
 }
 
 # --- a GPU, or a clear no ---------------------------------------------------------------------
@@ -113,20 +172,25 @@ epochs, warmup = recipe['epochs'], recipe['schedule']['warmup_epochs']
 run = float(sys.argv[1]) if sys.argv[1] else epochs
 print(sys.argv[1] or epochs, round(min(warmup, warmup / epochs * run), 4))" "${FMNIST_EPOCHS:-}")
 
-launch() {  # launch <run dir> <bigbatch train arguments...>
-    local dir=$1; shift
+launch() {  # launch <run dir> <bigbatch train arguments...>: under LIMIT; its exit status
+    local dir=$1 status=0; shift
     set -- "$@" "${EXTRA[@]}"
     if [ "$NPROC" -gt 1 ]; then
-        "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" \
-            -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
+        "${LIMIT[@]}" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" \
+            -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1 || status=$?
     else
-        "$PYTHON" -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1
-    fi || { tail -n 30 "$dir.log" >&2; return 1; }
+        "${LIMIT[@]}" "$PYTHON" -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1 \
+            || status=$?
+    fi
+    [ "$status" -eq 0 ] || tail -n 30 "$dir.log" >&2
+    return "$status"
 }
 
 part() {  # part <name> <run dir> <bigbatch train arguments...>: train, then report or record
-    local name=$1 dir=$2; shift 2
-    if launch "$dir" "$@"; then report "$name" "$dir"; else failed_part "$name" "$dir.log"; fi
+    local name=$1 dir=$2 status=0; shift 2
+    time_for "$name" || return 0
+    launch "$dir" "$@" || status=$?
+    if after "$name" "$dir.log" "$status"; then report "$name" "$dir"; fi
 }
 
 report() {  # report <name> <run dir>: median images/s after the warm-up, data-wait share
@@ -201,15 +265,15 @@ batch_part "${LARGE_BATCH:-512}" "$OUT/resnet50-large"
 # The peer: the plain loop an expert would write, same model, batch, precision and layout, its
 # data already on the device; on one device whatever NPROC is (compare per GPU).
 peer() {  # peer <run dir> <name> <peer_loop.py arguments...>
-    local dir=$1 name=$2; shift 2
-    if "$PYTHON" benchmarks/peer_loop.py --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" \
-        --image-size "$IMAGE_SIZE" --name "$name" --output "$dir.json" "$@" > "$dir.log" 2>&1
-    then
+    local dir=$1 name=$2 status=0; shift 2
+    time_for "$name" || return 0
+    "${LIMIT[@]}" "$PYTHON" benchmarks/peer_loop.py --batch "$BATCH" --steps "$STEPS" \
+        --warmup "$WARMUP" --image-size "$IMAGE_SIZE" --name "$name" --output "$dir.json" "$@" \
+        > "$dir.log" 2>&1 || status=$?
+    if after "$name" "$dir.log" "$status"; then
         "$PYTHON" -c "import json, sys; r = json.load(open(sys.argv[1]))
 print(f\"{r['run']}: {r['images_per_second']:,.0f} images/s (median of {r['steps']} steps)\")" \
             "$dir.json"
-    else
-        failed_part "$name" "$dir.log"
     fi
 }
 if [ "${PEER:-1}" = 1 ]; then
@@ -225,9 +289,14 @@ fi
 JPEGS=${JPEGS:-1024}
 if [ "$JPEGS" -gt 0 ]; then
     echo "ResNet-50 from a folder of $JPEGS generated JPEGs (500x375, quality 90), $WORKERS workers"
-    "$PYTHON" -c "import sys; sys.path.insert(0, 'benchmarks'); import input_pipeline as p
+    if time_for "jpeg folder"; then
+        status=0
+        "${LIMIT[@]}" "$PYTHON" -c "import sys; sys.path.insert(0, 'benchmarks')
+import input_pipeline as p
 from pathlib import Path; p.make_folder(Path(sys.argv[1]), int(sys.argv[2]))" \
-        "$OUT/jpegs" "$JPEGS" > "$OUT/jpegs.log" 2>&1 || failed_part "jpeg folder" "$OUT/jpegs.log"
+            "$OUT/jpegs" "$JPEGS" > "$OUT/jpegs.log" 2>&1 || status=$?
+        after "jpeg folder" "$OUT/jpegs.log" "$status" || rm -rf "$OUT/jpegs"
+    fi
     JPEG_EPOCHS=$(( (GLOBAL * (STEPS + WARMUP) + JPEGS - 1) / JPEGS ))
     if [ -d "$OUT/jpegs/train" ]; then
         part "resnet50 bf16 channels_last jpeg folder" "$OUT/resnet50-jpeg" "${RESNET[@]}" \
@@ -277,9 +346,14 @@ if [ "$JPEGS" -gt 0 ]; then
     else
         decode_check=(--device cuda)
     fi
-    "$PYTHON" benchmarks/device_decode_check.py "${decode_check[@]}" > "$OUT/device_decode.log" \
-        2>&1 && tail -n 30 "$OUT/device_decode.log" \
-        || { FAILED+=("device decode check"); echo "gpu.sh: the device decode check failed (see $OUT/device_decode.log)" >&2; }
+    if time_for "device decode check"; then
+        status=0
+        "${LIMIT[@]}" "$PYTHON" benchmarks/device_decode_check.py "${decode_check[@]}" \
+            > "$OUT/device_decode.log" 2>&1 || status=$?
+        if after "device decode check" "$OUT/device_decode.log" "$status"; then
+            tail -n 30 "$OUT/device_decode.log"
+        fi
+    fi
 fi
 
 # The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB run their
@@ -287,11 +361,16 @@ fi
 # throughput record, so that a failure here loses nothing. It needs
 # timm (the dev extra) for timm's Lars and Lamb: skipped, and said so, without it.
 optimizer_step() {  # optimizer_step <name> <seconds, "" for no limit> <lars_step.py arguments...>
-    local name=$1 seconds=$2; shift 2
-    ${seconds:+timeout "$seconds"} "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 \
-        "$@" > "$OUT/$name.out" \
-    && "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/$name.out" \
-    || echo "gpu.sh: $name failed${seconds:+ or ran past $seconds s} (the throughput record above is kept)" >&2
+    local name=$1 seconds=$2 status=0; shift 2
+    time_for "$name" || return 0
+    if [ -n "$seconds" ] && { [ "${#LIMIT[@]}" -eq 0 ] || [ "$seconds" -lt "${LIMIT[2]}" ]; }; then
+        LIMIT=(timeout --kill-after=10 "$seconds")  # its own bound, when the tighter one
+    fi
+    "${LIMIT[@]}" "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 "$@" \
+        > "$OUT/$name.out" 2> "$OUT/$name.log" || status=$?
+    if after "$name" "$OUT/$name.log" "$status"; then
+        "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/$name.out"
+    fi
 }
 if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
     if "$PYTHON" -c "import timm" >/dev/null 2>&1; then
@@ -308,4 +387,5 @@ if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
 fi
 
 echo "runs and logs in $OUT"
+[ "${#SKIPPED[@]}" -eq 0 ] || echo "gpu.sh: ${#SKIPPED[@]} part(s) skipped at the time limit: ${SKIPPED[*]}" >&2
 [ "${#FAILED[@]}" -eq 0 ] || fail "${#FAILED[@]} part(s) failed: ${FAILED[*]}" 2

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,8 @@ def dry_run(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess:
                # step up (seen on the JPEG run, loss 15,064 at step 2): the plumbing is checked
                # here, not the numerics, so a non-finite step is skipped rather than fatal.
                EXTRA_SET="on_nonfinite=skip")
-    env.update(settings)
     env.pop("BIGBATCH_FAULT", None)
+    env.update(settings)
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -77,6 +78,27 @@ def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
     runs = {r["run"]: r for r in record["runs"]}
     assert runs["resnet50 bf16 channels_last"]["images_per_second"] > 0
     assert "width" in runs["fashion-mnist default recipe"]["error"]
+
+
+def test_the_time_limit_stops_a_part_skips_the_rest_and_the_archive_brings_all_back(tmp_path):
+    """A run that hangs is stopped when TIME_LIMIT_S is reached and recorded as skipped, the parts
+    after it are not started (recorded so), the record is still written and the exit is 0; the
+    archive holds the logs and the scratch record, and no checkpoint."""
+    out, archive = tmp_path / "out", tmp_path / "gpu-run.tar.gz"
+    run = dry_run(out, TIME_LIMIT_S="45", RESERVE_S="0", ARCHIVE=str(archive), PEER="0",
+                  SMALL_BATCH="0", LARGE_BATCH="0", BIGBATCH_FAULT="hang:step=1")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    record = json.loads((out / "dry-run.jsonl").read_text().splitlines()[-1])
+    skipped = {r["run"]: r["skipped"] for r in record["runs"]}
+    assert skipped["resnet50 bf16 channels_last"].startswith("stopped by its time limit")
+    assert skipped["fashion-mnist default recipe"].startswith("not started: TIME_LIMIT_S=45")
+    assert "jpeg folder" in skipped and "device decode check" not in skipped  # after the record
+    assert "part(s) skipped at the time limit" in run.stderr
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "./dry-run.jsonl" in names and "./resnet50.log" in names
+    assert "./records/train_throughput.jsonl" in names
+    assert not [name for name in names if "checkpoint-" in name]
 
 
 def run_logs(folder: Path) -> str:

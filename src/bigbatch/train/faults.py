@@ -7,7 +7,9 @@
 - ``nan``: the logits, and so the loss and the gradients, of global step N are made NaN;
 - ``kill-in-checkpoint``: SIGKILL in the middle of writing the first checkpoint after step N;
 - ``clock-skew``: at global step N this rank's clock reads an hour ahead when it votes for a
-  time-based checkpoint (ranks' clocks disagreeing, as they do on real machines).
+  time-based checkpoint (ranks' clocks disagreeing, as they do on real machines);
+- ``hang``: the process stops making progress at the start of global step N (it sleeps until
+  it is killed), as a stuck rank or a run that outlasts its time limit does.
 
 Under torchrun the fault fires on the first attempt only (TORCHELASTIC_RESTART_COUNT == 0), so
 that an elastic restart can show recovery. Without the variable the hook is :class:`NoFaults`,
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,7 +32,7 @@ from torch import nn
 from bigbatch import checkpoint
 from bigbatch.errors import ConfigError
 
-KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint", "clock-skew")
+KINDS = ("crash", "sigkill", "nan", "kill-in-checkpoint", "clock-skew", "hang")
 CRASH_EXIT_CODE = 13
 CLOCK_SKEW_SECONDS = 3600.0
 
@@ -97,6 +100,9 @@ class FaultInjector(NoFaults):
             os._exit(CRASH_EXIT_CODE)
         if self.fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault.kind == "hang":
+            while True:
+                time.sleep(3600)
         if self.fault.kind == "clock-skew":  # this rank's clock says the last save is an hour old
             clock.last_saved -= CLOCK_SKEW_SECONDS
         if self.fault.kind == "nan":  # every training forward of this step returns NaN logits
