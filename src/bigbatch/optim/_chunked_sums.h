@@ -131,25 +131,24 @@ static int64_t first_chunk(const Plan *p, int64_t c) {
     return c;
 }
 
-/* Blocks of BLOCK values, each summed in LANES fixed lanes in the values' precision (at most
- * BLOCK / LANES terms a lane), the lanes and then the blocks added in order in float64 into
- * OUT[0] (and OUT[1]). BODY produces value k of the block into `x` (with SUMS == 2 also `y`,
- * whose squares go to OUT[1]) and may write memory. */
-#define BLOCKED_SUMSQ(T, n, SUMS, BODY, OUT)                                                   \
-    double sx_ = 0.0, sy_ = 0.0;                                                               \
-    for (int64_t base = 0; base < (n); base += BLOCK) {                                        \
-        int64_t m_ = MIN((n) - base, BLOCK), i_ = 0;                                           \
+/* The squares of values [base, base + m_) (one block, m_ <= BLOCK) summed in LANES fixed lanes
+ * in the values' precision (at most BLOCK / LANES terms a lane), the lanes then added in order in
+ * float64 into sx_ (and sy_). BODY produces value k into `x` (with SUMS == 2 also `y`, whose
+ * squares go to sy_) and may write memory. */
+#define BLOCK_SUMSQ(T, base, m_, SUMS, BODY)                                                   \
+    do {                                                                                       \
+        int64_t i_ = 0;                                                                        \
         T lane_x[LANES] = {0}, lane_y[LANES] = {0};                                            \
-        for (; i_ + LANES <= m_; i_ += LANES)                                                  \
+        for (; i_ + LANES <= (m_); i_ += LANES)                                                \
             for (int j = 0; j < LANES; j++) {                                                  \
-                int64_t k = base + i_ + j;                                                     \
+                int64_t k = (base) + i_ + j;                                                   \
                 T x, y = 0;                                                                    \
                 BODY;                                                                          \
                 lane_x[j] += x * x;                                                            \
                 if (SUMS == 2) lane_y[j] += y * y;                                             \
             }                                                                                  \
-        for (int j = 0; i_ < m_; i_++, j++) {                                                  \
-            int64_t k = base + i_;                                                             \
+        for (int j = 0; i_ < (m_); i_++, j++) {                                                \
+            int64_t k = (base) + i_;                                                           \
             T x, y = 0;                                                                        \
             BODY;                                                                              \
             lane_x[j] += x * x;                                                                \
@@ -158,7 +157,14 @@ static int64_t first_chunk(const Plan *p, int64_t c) {
         for (int j = 0; j < LANES; j++) sx_ += (double)lane_x[j];                              \
         if (SUMS == 2)                                                                         \
             for (int j = 0; j < LANES; j++) sy_ += (double)lane_y[j];                          \
-    }                                                                                          \
+    } while (0)
+
+/* Blocks of BLOCK values (BLOCK_SUMSQ), the blocks added in order in float64 into OUT[0] (and
+ * OUT[1]). */
+#define BLOCKED_SUMSQ(T, n, SUMS, BODY, OUT)                                                   \
+    double sx_ = 0.0, sy_ = 0.0;                                                               \
+    for (int64_t base = 0; base < (n); base += BLOCK)                                          \
+        BLOCK_SUMSQ(T, base, MIN((n) - base, BLOCK), SUMS, BODY);                              \
     (OUT)[0] = sx_;                                                                            \
     if (SUMS == 2) (OUT)[1] = sy_;
 

@@ -70,16 +70,23 @@ static double trust_ratio(const Plan *p, int64_t c) {
     if (decay) u = u + wd * W[k];
 
 #define DEFINE_KERNELS(T, SUFFIX, SQRT)                                                        \
-    /* Pass 1 over one chunk: moments, u into `out`, ‖x‖² and ‖u‖² into sums[0..1]. */         \
+    /* Pass 1 over one chunk: moments, u into `out`, ‖x‖² and ‖u‖² into sums[0..1], block by  \
+     * block (the block's x and u summed while they are in the first-level cache). */          \
     VECTORIZE static void moments_##SUFFIX(const T *w, const T *g, T *m, T *v, T *out,         \
                                            int64_t n, const LambOptions *o, double bc1,        \
                                            double bc2, double *sums) {                         \
         ADAM_CONSTANTS(T, o, bc1, bc2)                                                         \
-        for (int64_t k = 0; k < n; k++) {                                                      \
-            ADAM_UPDATE(T, SQRT, w, k)                                                         \
-            out[k] = u;                                                                        \
+        double sx_ = 0.0, sy_ = 0.0;                                                           \
+        for (int64_t base = 0; base < n; base += BLOCK) {                                      \
+            int64_t size = MIN(n - base, BLOCK);                                               \
+            for (int64_t k = base; k < base + size; k++) {                                     \
+                ADAM_UPDATE(T, SQRT, w, k)                                                     \
+                out[k] = u;                                                                    \
+            }                                                                                  \
+            BLOCK_SUMSQ(T, base, size, 2, x = w[k]; y = out[k]);                               \
         }                                                                                      \
-        BLOCKED_SUMSQ(T, n, 2, x = w[k]; y = out[k], sums)                                     \
+        sums[0] = sx_;                                                                         \
+        sums[1] = sy_;                                                                         \
     }                                                                                          \
                                                                                                \
     /* Pass 2: x ← x + c·u. */                                                                 \
