@@ -40,8 +40,9 @@
 #   OUT       scratch folder for the runs (default: a new temporary folder)
 #   TIME_LIMIT_S  wall-clock budget of the whole script in seconds (default 0: none). A part
 #             starts only while more than RESERVE_S (default 30) seconds are left, and runs
-#             under a timeout of what is left less RESERVE_S; a part not started, or stopped,
-#             is recorded as skipped, and the records are written all the same
+#             under a timeout of what is left less RESERVE_S and 10 s to stop in; a part not
+#             started, or stopped, is recorded as skipped (the exit stays 0), and the records
+#             are written all the same
 #   ARCHIVE   a .tar.gz path outside OUT: at the end (also after a failure) the scratch folder's logs,
 #             metrics, configs and summaries (no checkpoints, no generated JPEGs) and the lines
 #             this run appended to docs/results go into it, to bring back from a remote machine
@@ -53,6 +54,7 @@
 # an A100 in PyTorch (NVIDIA Deep Learning Examples) and about 7,900 on an H200 in MLPerf's
 # MXNet code. Exit codes: 0 done, 1 no usable GPU, 2 a run failed.
 set -euo pipefail
+[ -z "${ARCHIVE:-}" ] || ARCHIVE=$(realpath -m "$ARCHIVE")  # a relative path: from here
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
@@ -68,6 +70,9 @@ OUT=${OUT:-$(mktemp -d -t bigbatch-gpu-XXXXXX)}
 mkdir -p "$OUT"
 TIME_LIMIT_S=${TIME_LIMIT_S:-0}
 RESERVE_S=${RESERVE_S:-30}
+for setting in TIME_LIMIT_S RESERVE_S; do
+    [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "gpu.sh: $setting must be whole seconds, got '${!setting}'" >&2; exit 1; }
+done
 
 # The records this script appends to, and how many lines each had before it (for ARCHIVE).
 RECORDS=(docs/results/train_throughput.jsonl docs/results/lars_step.jsonl
@@ -83,10 +88,13 @@ archive() {  # the run's small files and the new record lines into $ARCHIVE
         [ -f "$record" ] && tail -n +$((RECORD_LINES[$record] + 1)) "$record" \
             > "$OUT/records/$(basename "$record")"
     done
-    tar -czf "$ARCHIVE" -C "$OUT" --exclude='checkpoint-*' --exclude='.checkpoint-*' \
-        --exclude='./jpegs' . && echo "gpu.sh: logs and records in $ARCHIVE"
+    mkdir -p "$(dirname "$ARCHIVE")"
+    tar -czf "$ARCHIVE.partial" -C "$OUT" --exclude='*.pt' --exclude='.checkpoint-*' \
+        --exclude='./jpegs' --exclude="./$(basename "$ARCHIVE").partial" . \
+        && mv "$ARCHIVE.partial" "$ARCHIVE" && echo "gpu.sh: logs and records in $ARCHIVE"
 }
-trap archive EXIT
+# The archive whatever the exit, which keeps its status.
+trap 'status=$?; archive || echo "gpu.sh: writing $ARCHIVE failed" >&2; exit $status' EXIT
 
 fail() { echo "gpu.sh: $*" >&2; exit "${2:-1}"; }
 FAILED=()
@@ -109,24 +117,34 @@ open(sys.argv[3], 'w'))" "$1" "$2" "$OUT/skipped-${#SKIPPED[@]}.json"
     echo "gpu.sh: $1 skipped: $2" >&2
 }
 
-# The time limit: LIMIT is the timeout prefix of the next part's command (empty without a limit).
+# The time limit: LIMIT is the timeout prefix of the next part's command (empty without a limit),
+# LIMIT_S its seconds, PART_START when the part started. A stopped part has KILL_AFTER_S more
+# seconds to end before it is killed: they come out of its share.
 LIMIT=()
-time_for() {  # time_for <name>: true, with LIMIT set, when the part may start; else skipped
+LIMIT_S=0
+PART_START=0
+KILL_AFTER_S=10
+time_for() {  # time_for <name> [<seconds>]: true, with LIMIT set, when the part may start
     LIMIT=()
-    [ "$TIME_LIMIT_S" -gt 0 ] || return 0
-    local left=$((TIME_LIMIT_S - SECONDS - RESERVE_S))
-    if [ "$left" -le 0 ]; then
-        skipped_part "$1" "not started: TIME_LIMIT_S=$TIME_LIMIT_S reached"
-        return 1
+    LIMIT_S=${2:-0}
+    PART_START=$SECONDS
+    if [ "$TIME_LIMIT_S" -gt 0 ]; then
+        local left=$((TIME_LIMIT_S - SECONDS - RESERVE_S - KILL_AFTER_S))
+        if [ "$left" -le 0 ]; then
+            skipped_part "$1" "not started: TIME_LIMIT_S=$TIME_LIMIT_S reached"
+            return 1
+        fi
+        [ "$LIMIT_S" -gt 0 ] && [ "$LIMIT_S" -le "$left" ] || LIMIT_S=$left
     fi
-    LIMIT=(timeout --kill-after=10 "$left")
+    [ "$LIMIT_S" -eq 0 ] || LIMIT=(timeout --kill-after="$KILL_AFTER_S" "$LIMIT_S")
 }
-# after <name> <log> <exit status>: true for success; a part stopped by its timeout is skipped,
-# another failure failed.
+# after <name> <log> <exit status>: true for success; a part stopped by its timeout is skipped
+# (124, or killed once its time was up), another failure failed.
 after() {
     [ "$3" -ne 0 ] || return 0
-    if [ "${#LIMIT[@]}" -gt 0 ] && { [ "$3" -eq 124 ] || [ "$3" -eq 137 ]; }; then
-        skipped_part "$1" "stopped by its time limit (${LIMIT[2]} s)"
+    if [ "$LIMIT_S" -gt 0 ] && { [ "$3" -eq 124 ] || { [ "$3" -eq 137 ] \
+            && [ $((SECONDS - PART_START)) -ge "$LIMIT_S" ]; }; }; then
+        skipped_part "$1" "stopped by its time limit ($LIMIT_S s)"
     else
         failed_part "$1" "$2"
     fi
@@ -182,7 +200,11 @@ launch() {  # launch <run dir> <bigbatch train arguments...>: under LIMIT; its e
         "${LIMIT[@]}" "$PYTHON" -m bigbatch train "$@" --set out="$dir" > "$dir.log" 2>&1 \
             || status=$?
     fi
-    [ "$status" -eq 0 ] || tail -n 30 "$dir.log" >&2
+    if [ "$status" -ne 0 ]; then
+        tail -n 30 "$dir.log" >&2
+        # torchrun's workers run in sessions of their own: a stopped run's may outlive it
+        pkill -KILL -f -- "--set out=$dir\$" 2>/dev/null || true
+    fi
     return "$status"
 }
 
@@ -360,22 +382,19 @@ fi
 # multi-tensor paths there), appended to docs/results/lars_step.jsonl; under a minute. After the
 # throughput record, so that a failure here loses nothing. It needs
 # timm (the dev extra) for timm's Lars and Lamb: skipped, and said so, without it.
-optimizer_step() {  # optimizer_step <name> <seconds, "" for no limit> <lars_step.py arguments...>
+optimizer_step() {  # optimizer_step <name> <seconds, 0 for no limit> <lars_step.py arguments...>
     local name=$1 seconds=$2 status=0; shift 2
-    time_for "$name" || return 0
-    if [ -n "$seconds" ] && { [ "${#LIMIT[@]}" -eq 0 ] || [ "$seconds" -lt "${LIMIT[2]}" ]; }; then
-        LIMIT=(timeout --kill-after=10 "$seconds")  # its own bound, when the tighter one
-    fi
+    time_for "$name" "$seconds" || return 0  # its own bound, or what is left if less
     "${LIMIT[@]}" "$PYTHON" benchmarks/lars_step.py --device cuda --repeats 30 "$@" \
         > "$OUT/$name.out" 2> "$OUT/$name.log" || status=$?
     if after "$name" "$OUT/$name.log" "$status"; then
-        "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/$name.out"
+        "$PYTHON" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['ratios'], indent=1))" "$OUT/$name.out" || true
     fi
 }
 if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
     if "$PYTHON" -c "import timm" >/dev/null 2>&1; then
         echo "Optimizer step on ResNet-50's parameters, GPU"
-        optimizer_step lars_step "" --no-compile
+        optimizer_step lars_step 0 --no-compile
         # The compiled LARS and LAMB steps (one traced update per parameter group) beside the
         # same baselines, as a separate record: compiling may take minutes, so it is bounded.
         echo "Optimizer step, compiled LARS and LAMB (at most ${COMPILED_STEP_S:-240} s)"
@@ -387,5 +406,5 @@ if [ "$CPU_DRY_RUN" != 1 ] && [ "${LARS_STEP:-1}" = 1 ]; then
 fi
 
 echo "runs and logs in $OUT"
-[ "${#SKIPPED[@]}" -eq 0 ] || echo "gpu.sh: ${#SKIPPED[@]} part(s) skipped at the time limit: ${SKIPPED[*]}" >&2
+[ "${#SKIPPED[@]}" -eq 0 ] || echo "gpu.sh: ${#SKIPPED[@]} part(s) skipped at their time limit: ${SKIPPED[*]}" >&2
 [ "${#FAILED[@]}" -eq 0 ] || fail "${#FAILED[@]} part(s) failed: ${FAILED[*]}" 2

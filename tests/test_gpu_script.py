@@ -39,7 +39,8 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     and the short Fashion-MNIST run (its warm-up scaled to its length); the record goes to the
     scratch folder, not docs/results."""
     before = (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes()
-    run = dry_run(tmp_path, FMNIST_SEEDS="0 1")
+    archive = tmp_path.parent / f"{tmp_path.name}-archive.tar.gz"
+    run = dry_run(tmp_path, FMNIST_SEEDS="0 1", ARCHIVE=str(archive))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + run_logs(tmp_path)
     recipe = load_recipe("fashion-mnist")
     warmup = round(recipe["schedule"]["warmup_epochs"] / recipe["epochs"], 4)
@@ -67,6 +68,11 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     assert decode_check["broken"]["same"] and len(decode_check["broken"]["device_skipped"]) == 2
     assert decode_check["pixels"]["max_abs"] == 0  # the CPU as the device: the workers' crops
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
+    with tarfile.open(archive) as tar:  # the logs and records, no weights (final.pt) nor JPEGs
+        names = tar.getnames()
+    assert "./fashion-mnist/metrics.jsonl" in names and "./device_decode.jsonl" in names
+    assert not [name for name in names if name.endswith(".pt") or "/jpegs/" in name]
+    assert archive.stat().st_size < 2_000_000
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
@@ -93,12 +99,20 @@ def test_the_time_limit_stops_a_part_skips_the_rest_and_the_archive_brings_all_b
     assert skipped["resnet50 bf16 channels_last"].startswith("stopped by its time limit")
     assert skipped["fashion-mnist default recipe"].startswith("not started: TIME_LIMIT_S=45")
     assert "jpeg folder" in skipped and "device decode check" not in skipped  # after the record
-    assert "part(s) skipped at the time limit" in run.stderr
+    assert "part(s) skipped at their time limit" in run.stderr
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert "./dry-run.jsonl" in names and "./resnet50.log" in names
     assert "./records/train_throughput.jsonl" in names
     assert not [name for name in names if "checkpoint-" in name]
+    left = subprocess.run(["pgrep", "-f", f"out={out}/"], capture_output=True, text=True)
+    assert not left.stdout, f"processes of the stopped run left running: {left.stdout}"
+
+
+def test_a_time_limit_that_is_not_whole_seconds_is_refused(tmp_path):
+    run = dry_run(tmp_path, TIME_LIMIT_S="10m")
+    assert run.returncode == 1
+    assert "TIME_LIMIT_S must be whole seconds, got '10m'" in run.stderr
 
 
 def run_logs(folder: Path) -> str:

@@ -133,22 +133,23 @@ static int64_t first_chunk(const Plan *p, int64_t c) {
 
 /* The squares of values [base, base + m_) (one block, m_ <= BLOCK) summed in LANES fixed lanes
  * in the values' precision (at most BLOCK / LANES terms a lane), the lanes then added in order in
- * float64 into sx_ (and sy_). BODY produces value k into `x` (with SUMS == 2 also `y`, whose
- * squares go to sy_) and may write memory. */
+ * float64 into the caller's double sx_ (and sy_). BODY produces value k into `x` (with SUMS == 2
+ * also `y`, whose squares go to sy_) and may write memory; it sees the names k, x, y, i_, j. */
 #define BLOCK_SUMSQ(T, base, m_, SUMS, BODY)                                                   \
     do {                                                                                       \
+        const int64_t start_ = (base), size_ = (m_);                                           \
         int64_t i_ = 0;                                                                        \
         T lane_x[LANES] = {0}, lane_y[LANES] = {0};                                            \
-        for (; i_ + LANES <= (m_); i_ += LANES)                                                \
+        for (; i_ + LANES <= size_; i_ += LANES)                                               \
             for (int j = 0; j < LANES; j++) {                                                  \
-                int64_t k = (base) + i_ + j;                                                   \
+                int64_t k = start_ + i_ + j;                                                   \
                 T x, y = 0;                                                                    \
                 BODY;                                                                          \
                 lane_x[j] += x * x;                                                            \
                 if (SUMS == 2) lane_y[j] += y * y;                                             \
             }                                                                                  \
-        for (int j = 0; i_ < (m_); i_++, j++) {                                                \
-            int64_t k = (base) + i_;                                                           \
+        for (int j = 0; i_ < size_; i_++, j++) {                                               \
+            int64_t k = start_ + i_;                                                           \
             T x, y = 0;                                                                        \
             BODY;                                                                              \
             lane_x[j] += x * x;                                                                \

@@ -5,7 +5,7 @@
  *   1. the moments and the Adam update with weight decay, and both squared norms, per chunk:
  *        m ← β₁·m + (1 − β₁)·g   (as torch.lerp)      v ← β₂·v + (1 − β₂)·g·g
  *        u = (m · (1/(1 − β₁ᵗ))) / (√v · (1/√(1 − β₂ᵗ)) + ε) + λ·x   into a bucket-sized scratch
- *        ‖x‖², ‖u‖²  (summed over the chunk after its u is written: a loop of few registers)
+ *        ‖x‖², ‖u‖²  (summed block by block, right after the block's u is written)
  *   2. x ← x + c·u with c = −η·‖x‖/‖u‖ (−η if a norm is 0), each thread walking its chunks of
  *      pass 1 backwards, so that u and x come back from cache where they still are.
  *
