@@ -16,14 +16,14 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   sgd_fused      the same with fused=True instead of foreach (the fastest PyTorch step)
   adamw_fused    torch.optim.AdamW(fused=True), PyTorch's defaults
   lars           bigbatch.optim.LARS, every tensor adapted (as timm's Lars does): on CPU the
-                 compiled kernel where it was built
-  lars_eager     the same on its eager multi-tensor path (the fallback without the kernel)
+                 compiled kernel where it was built, on CUDA the Triton kernels
+  lars_eager     the same on its eager multi-tensor path (the fallback without a kernel)
   lars_compiled  LARS(fused_compile=True) (compile time reported separately)
   lamb_compiled  LAMB(fused_compile=True), the same (the CPU kernel is not used)
   timm_lars      timm.optim.Lars (LR outside the momentum buffer, eps 1e-8)
   lamb           bigbatch.optim.LAMB, weight decay 0.01, every tensor adapted: on CPU the
-                 compiled kernel where it was built
-  lamb_eager     the same on its eager multi-tensor path (the fallback without the kernel)
+                 compiled kernel where it was built, on CUDA the Triton kernels
+  lamb_eager     the same on its eager multi-tensor path (the fallback without a kernel)
   lamb_one_pass  the kernel with the trust ratio off on every tensor: Adam with weight decay in
                  one pass (reads x, g, m, v; writes x, m, v, as fused AdamW), which shows what
                  the second pass of the trust ratio costs (on a GPU: the eager path so)
@@ -36,19 +36,21 @@ and their range (min-max over the repetitions).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torchvision
 from common import RESULTS_DIR
 from common import machine_info as common_machine_info
 
-from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel
+from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel, native
 
 RESULTS = RESULTS_DIR / "lars_step.jsonl"
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4
@@ -111,19 +113,30 @@ def make_optimizers(device: torch.device, with_compile: bool,
     return {name: factories[name]() for name in chosen}
 
 
+@contextlib.contextmanager
+def eager_only(kernel: ModuleType) -> Iterator[None]:
+    """Within the block, the CPU ``kernel`` and the GPU's Triton steps are off."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(kernel.disabled())
+        triton_steps = native.triton_steps(torch.device("cuda"))
+        if triton_steps is not None:
+            stack.enter_context(triton_steps.disabled())
+        yield
+
+
 class EagerLARS(LARS):
-    """LARS kept on its eager path (the fallback where the CPU kernel is not built)."""
+    """LARS kept on its eager multi-tensor path (the fallback where no kernel can run)."""
 
     def step(self, closure: Callable[[], object] | None = None) -> object:
-        with lars_kernel.disabled():
+        with eager_only(lars_kernel):
             return super().step(closure)
 
 
 class EagerLAMB(LAMB):
-    """LAMB kept on its eager path (the fallback where the CPU kernel is not built)."""
+    """LAMB kept on its eager multi-tensor path (the fallback where no kernel can run)."""
 
     def step(self, closure: Callable[[], object] | None = None) -> object:
-        with lamb_kernel.disabled():
+        with eager_only(lamb_kernel):
             return super().step(closure)
 
 

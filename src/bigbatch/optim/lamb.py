@@ -14,18 +14,20 @@ and bias tensors) takes the step without the ratio (x ← x − η·u), as LARS'
 
 Implementation. On CPU, float32/float64 tensors go through a compiled kernel
 (:mod:`bigbatch.optim.lamb_kernel`, built by ``pip install``): per cache-sized bucket, the moments,
-u and the norms of x and u in one pass, the scaled update in a second. Elsewhere, and where the
-kernel is not built, the step is multi-tensor (``torch._foreach_*``) and free of host
-synchronisation: the ratios stay on the device, the bias corrections come from a host-side step
-count; on CPU in the same cache-sized buckets. Both paths give the same bits for the same values
-wherever the tensors lie in memory; they differ from each other in the last bits (their norms
-sum in different orders, PyTorch's vectorized loops fuse some multiply-adds, and PyTorch's CPU
-square root is off by an ulp for about one float32 value in six, where the kernel's is correctly
-rounded).
+u and the norms of x and u in one pass, the scaled update in a second. On a CUDA device with
+Triton installed, two Triton kernels take the whole group (the moments and the norms, then the
+update: :mod:`bigbatch.optim.triton_step`). Elsewhere, and where neither kernel can run, the step
+is multi-tensor (``torch._foreach_*``) and free of host synchronisation: the ratios stay on the
+device, the bias corrections come from a host-side step count; on CPU in the same cache-sized
+buckets. Both CPU paths give the same bits for the same values wherever the tensors lie in
+memory; they differ from each other in the last bits (their norms sum in different orders,
+PyTorch's vectorized loops fuse some multiply-adds, and PyTorch's CPU square root is off by an ulp
+for about one float32 value in six, where the kernel's is correctly rounded).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bigbatch.optim import lamb_kernel
+from bigbatch.optim import lamb_kernel, native
 from bigbatch.optim.base import Optimizer
 from bigbatch.optim.lars import _bucket_bounds, _bucket_limit
 
@@ -87,7 +89,7 @@ class LAMB(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_gradients()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             params, grads, avgs, avg_sqs, steps = self._tensors_with_grad(group)
             if not params:
                 continue
@@ -99,10 +101,32 @@ class LAMB(Optimizer):
                 lamb_kernel.step(params, grads, avgs, avg_sqs, steps, bucket_bytes=limit,
                                  **{key: group[key] for key in _UPDATE_KEYS})
                 continue
+            if self._triton_step(index, params, grads, avgs, avg_sqs, steps, group):
+                continue
             for lo, hi in _bucket_bounds(params, limit):
                 _bucket_update(params[lo:hi], grads[lo:hi], avgs[lo:hi], avg_sqs[lo:hi],
                                steps[lo:hi], group)
         return loss
+
+    def _triton_step(self, index: int, params: list[Tensor], grads: list[Tensor],
+                     avgs: list[Tensor], avg_sqs: list[Tensor], steps: list[int],
+                     group: dict[str, Any]) -> bool:
+        """Group ``index``'s step through the GPU's Triton kernels; False where they cannot take
+        it (another device, Triton missing, a kernel that failed to build: then the eager step)."""
+        kernels = native.triton_steps(params[0].device)
+        if kernels is None or not kernels.supports(params, grads, avgs, avg_sqs):
+            return False
+        plans = self.__dict__.setdefault("_triton_plans", collections.defaultdict(dict))
+        try:
+            kernels.lamb_step(params, grads, avgs, avg_sqs,
+                              *_bias_corrections(group["betas"], steps), cache=plans[index],
+                              **{key: group[key] for key in _UPDATE_KEYS})
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 (a build failure: warned once, then eager)
+            kernels.give_up(error)
+            return False
+        return True
 
     def _tensors_with_grad(self, group: dict[str, Any]) -> tuple[list[Any], ...]:
         params, grads, avgs, avg_sqs, steps = [], [], [], [], []

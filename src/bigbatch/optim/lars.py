@@ -21,17 +21,19 @@ PyTorch's SGD and timm's ``Lars`` keep the LR outside (``v ← m·v + g'``; ``w 
 
 Implementation. On CPU, float32/float64 tensors go through a compiled kernel
 (:mod:`bigbatch.optim.lars_kernel`, built by ``pip install``): per cache-sized bucket, the norms
-and then the update in one pass each.
-Elsewhere, and where the kernel is not built, the step is multi-tensor (``torch._foreach_*``)
+and then the update in one pass each. On a CUDA device with Triton installed, two Triton kernels
+take the whole group (the norms, then the update: :mod:`bigbatch.optim.triton_step`).
+Elsewhere, and where neither kernel can run, the step is multi-tensor (``torch._foreach_*``)
 and free of host synchronisation — the trust ratios stay on the device and enter the update as
 0-d tensors, the zero-norm rule is a ``torch.where``; on CPU in the same cache-sized buckets.
-Both paths give the same bits for the same values wherever the tensors lie in memory (a view
+Both CPU paths give the same bits for the same values wherever the tensors lie in memory (a view
 into a DDP bucket at any offset or a fresh tensor); they differ from each other in the last bits
 (their norms sum in different orders).
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -39,7 +41,7 @@ import torch
 from torch import Tensor
 
 from bigbatch.lars_defaults import LARS_DEFAULTS
-from bigbatch.optim import lars_kernel
+from bigbatch.optim import lars_kernel, native
 from bigbatch.optim.base import Optimizer
 
 # One bucket's working set is ~3x this (weights, grads, momentum buffers): it stays in a typical
@@ -118,6 +120,7 @@ class LARS(Optimizer):
         self._ratio_params: list[Tensor] = []
         self._compiled: Callable[..., Tensor | None] | None = None
         self._lr_tensors: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._triton_plans: collections.defaultdict[int, dict] = collections.defaultdict(dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -158,7 +161,7 @@ class LARS(Optimizer):
         self._check_gradients()
         ratio_parts: list[Tensor] = []
         ratio_params: list[Tensor] = []
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             params, grads, bufs = self._tensors_with_grad(group)
             if not params:
                 continue
@@ -172,6 +175,9 @@ class LARS(Optimizer):
                     ratio_parts.append(ratios)
                     ratio_params.extend(params)
                 continue
+            if not compiled and self._triton_step(index, params, grads, bufs, group,
+                                                  ratio_parts, ratio_params):
+                continue
             for lo, hi in _bucket_bounds(params, limit):
                 update = self._compiled_update if compiled else _bucket_update
                 ratios = update(params[lo:hi], grads[lo:hi], bufs[lo:hi],
@@ -182,6 +188,27 @@ class LARS(Optimizer):
         self._ratio_parts = ratio_parts
         self._ratio_params = ratio_params
         return loss
+
+    def _triton_step(self, index: int, params: list[Tensor], grads: list[Tensor],
+                     bufs: list[Tensor], group: dict[str, Any], ratio_parts: list[Tensor],
+                     ratio_params: list[Tensor]) -> bool:
+        """Group ``index``'s step through the GPU's Triton kernels; False where they cannot take
+        it (another device, Triton missing, a kernel that failed to build: then the eager step)."""
+        kernels = native.triton_steps(params[0].device)
+        if kernels is None or not kernels.supports(params, grads, bufs):
+            return False
+        try:
+            ratios = kernels.lars_step(params, grads, bufs, cache=self._triton_plans[index],
+                                       **_update_options(group))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 (a build failure: warned once, then eager)
+            kernels.give_up(error)
+            return False
+        if ratios is not None:
+            ratio_parts.append(ratios)
+            ratio_params.extend(params)
+        return True
 
     def _tensors_with_grad(self, group: dict[str, Any]) -> tuple[list[Tensor], ...]:
         params, grads, bufs = [], [], []

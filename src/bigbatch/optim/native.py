@@ -1,6 +1,6 @@
-"""What the compiled CPU optimizer steps share on the Python side: loading a kernel library built
+"""What the compiled optimizer steps share on the Python side: loading a CPU kernel library built
 by ``pip install`` (setup.py) through ctypes and declaring its step functions, switching it off,
-and the tensor layouts it takes.
+the tensor layouts a kernel takes, and finding the GPU's Triton steps.
 
 Each kernel module (:mod:`~bigbatch.optim.lars_kernel`, :mod:`~bigbatch.optim.lamb_kernel`)
 keeps its loaded functions in a module global ``_KERNELS`` (None: not built, or switched off by
@@ -67,18 +67,34 @@ def disabled(module: ModuleType) -> Iterator[None]:
         module._KERNELS = kernels
 
 
-def same_dense_layout(*lists: list[Tensor]) -> bool:
-    """Whether the tensors can go to a kernel: CPU, one float32/float64 dtype, and the tensors at
-    each position (a weight, its gradient, its state) dense with the same strides (contiguous or
-    channels-last alike), so that one index walks them all."""
-    if not lists[0] or lists[0][0].dtype not in DTYPES:
+def triton_steps(device: torch.device) -> ModuleType | None:
+    """:mod:`bigbatch.optim.triton_step` for tensors on ``device``, imported on first use: for a
+    CUDA device, or the CPU when Triton interprets its kernels there (``TRITON_INTERPRET=1``);
+    None for other devices, where Triton is not installed, or where it does not import."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return None
+    try:
+        from bigbatch.optim import triton_step
+    except Exception:  # not installed, or an install that does not import: the eager steps
+        return None
+    return triton_step
+
+
+def same_dense_layout(*lists: list[Tensor], dtypes: tuple[torch.dtype, ...] = DTYPES,
+                      device_type: str = "cpu") -> bool:
+    """Whether the tensors can go to a kernel: on a ``device_type`` device, one of ``dtypes``,
+    and the tensors at each position (a weight, its gradient, its state) dense with the same
+    strides (contiguous or channels-last alike), so that one index walks them all."""
+    if not lists[0] or lists[0][0].dtype not in dtypes:
         return False
-    dtype = lists[0][0].dtype
+    dtype, device = lists[0][0].dtype, lists[0][0].device
+    if device.type != device_type:
+        return False
     for same in zip(*lists, strict=True):
         first = same[0]
         stride = first.stride()
         for t in same:
-            if not (t.dtype == dtype and t.is_cpu and t.stride() == stride):
+            if not (t.dtype == dtype and t.device == device and t.stride() == stride):
                 return False
         if not _dense(first):
             return False
