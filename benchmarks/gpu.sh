@@ -2,7 +2,9 @@
 # The GPU path, end to end, on a CUDA machine: install bigbatch, measure ResNet-50 training
 # images/s on synthetic 224x224 data (bf16 autocast + channels_last, then optionally with
 # torch.compile), the plain PyTorch loop of benchmarks/peer_loop.py beside it, ResNet-50 fed from
-# a folder of generated ImageNet-like JPEGs, and a short Fashion-MNIST training; print images/s
+# a folder of generated ImageNet-like JPEGs, and a short Fashion-MNIST training; then the JPEG
+# decoding on the GPU, the Triton LARS and LAMB steps against the eager ones, and the optimizer
+# step's timings; print images/s
 # with the GPU's name and append one JSON line (suite "gpu") to
 # docs/results/train_throughput.jsonl. A part that fails is recorded with its error and the
 # others still run (exit 2 at the end).
@@ -76,7 +78,7 @@ done
 
 # The records this script appends to, and how many lines each had before it (for ARCHIVE).
 RECORDS=(docs/results/train_throughput.jsonl docs/results/lars_step.jsonl
-         docs/results/device_decode.jsonl)
+         docs/results/device_decode.jsonl docs/results/triton_step.jsonl)
 declare -A RECORD_LINES
 for record in "${RECORDS[@]}"; do
     RECORD_LINES[$record]=$(if [ -f "$record" ]; then wc -l < "$record"; else echo 0; fi)
@@ -378,8 +380,26 @@ if [ "$JPEGS" -gt 0 ]; then
     fi
 fi
 
-# The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB run their
-# multi-tensor paths there), appended to docs/results/lars_step.jsonl; under a minute. After the
+# The Triton LARS and LAMB steps against the eager ones (benchmarks/triton_step_check.py,
+# appended to docs/results/triton_step.jsonl): the same weights to rounding, run to run, and
+# from views at odd offsets; on the CPU dry run in Triton's interpreter.
+if time_for "triton step check"; then
+    echo "The Triton LARS and LAMB steps against the eager ones"
+    if [ "$CPU_DRY_RUN" = 1 ]; then
+        triton_check=(--device cpu --out "$OUT/triton_step.jsonl")
+    else
+        triton_check=(--device cuda)
+    fi
+    status=0
+    "${LIMIT[@]}" "$PYTHON" benchmarks/triton_step_check.py "${triton_check[@]}" \
+        > "$OUT/triton_step.log" 2>&1 || status=$?
+    if after "triton step check" "$OUT/triton_step.log" "$status"; then
+        tail -n 1 "$OUT/triton_step.log"
+    fi
+fi
+
+# The optimizer step against torch's fused SGD and AdamW on the GPU (LARS and LAMB through the
+# Triton kernels, and on their multi-tensor paths), appended to docs/results/lars_step.jsonl; under a minute. After the
 # throughput record, so that a failure here loses nothing. It needs
 # timm (the dev extra) for timm's Lars and Lamb: skipped, and said so, without it.
 optimizer_step() {  # optimizer_step <name> <seconds, 0 for no limit> <lars_step.py arguments...>

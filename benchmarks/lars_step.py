@@ -26,7 +26,8 @@ Contenders (weight decay 5e-4 and momentum 0.9 unless named otherwise):
   lamb_eager     the same on its eager multi-tensor path (the fallback without a kernel)
   lamb_one_pass  the kernel with the trust ratio off on every tensor: Adam with weight decay in
                  one pass (reads x, g, m, v; writes x, m, v, as fused AdamW), which shows what
-                 the second pass of the trust ratio costs (on a GPU: the eager path so)
+                 the second pass of the trust ratio costs (on a GPU: the first Triton
+                 kernel alone)
   timm_lamb      timm.optim.Lamb with the same update (max_grad_norm=None: no global clipping)
 
 Ratios: each row of RATIOS, as the ratio of the medians, the median of the per-repetition ratios
@@ -140,6 +141,14 @@ class EagerLAMB(LAMB):
             return super().step(closure)
 
 
+def triton_step_enabled(device: torch.device) -> bool | None:
+    """Whether LARS and LAMB stepped through the Triton kernels to the end (a kernel that failed
+    switches them off, and the timings of lars and lamb are then the eager path's); None off
+    CUDA."""
+    kernels = native.triton_steps(device) if device.type == "cuda" else None
+    return None if kernels is None else kernels.enabled()
+
+
 def timed(step: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -212,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_ms": {k: round(max(v) * 1e3, 2) for k, v in times.items()},
         "ratios": ratios, "compile_s": compile_s, "targets": TARGETS,
         "lars_kernel": lars_kernel.available(), "lamb_kernel": lamb_kernel.available(),
+        "triton_step": triton_step_enabled(device),
         "machine": machine_info(device),
     }
     json.dump(record, sys.stdout, indent=2)

@@ -67,6 +67,8 @@ def test_gpu_script_dry_run_records_every_part(tmp_path):
     decode_check = json.loads((tmp_path / "device_decode.jsonl").read_text())
     assert decode_check["broken"]["same"] and len(decode_check["broken"]["device_skipped"]) == 2
     assert decode_check["pixels"]["max_abs"] == 0  # the CPU as the device: the workers' crops
+    triton_check = json.loads((tmp_path / "triton_step.jsonl").read_text())
+    assert triton_check["failed"] == 0 and len(triton_check["cases"]) == 15
     assert (SCRIPT.parents[1] / "docs/results/train_throughput.jsonl").read_bytes() == before
     with tarfile.open(archive) as tar:  # the logs and records, no weights (final.pt) nor JPEGs
         names = tar.getnames()
@@ -98,7 +100,7 @@ def test_the_time_limit_stops_a_part_skips_the_rest_and_the_archive_brings_all_b
     skipped = {r["run"]: r["skipped"] for r in record["runs"]}
     assert skipped["resnet50 bf16 channels_last"].startswith("stopped by its time limit")
     assert skipped["fashion-mnist default recipe"].startswith("not started: TIME_LIMIT_S=45")
-    assert "jpeg folder" in skipped and "device decode check" not in skipped  # after the record
+    assert "jpeg folder" in skipped and "triton step check" not in skipped  # after the record
     assert "part(s) skipped at their time limit" in run.stderr
     with tarfile.open(archive) as tar:
         names = tar.getnames()

@@ -23,6 +23,7 @@ from test_optim_conformance import (
     Model,
     Reference,
     assert_weights,
+    gradients,
     optimizer_for,
     run,
 )
@@ -32,7 +33,8 @@ from bigbatch.optim import LAMB, LARS, lamb_kernel, lars_kernel, native
 pytest.importorskip("triton")
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-CHUNK = 512  # elements a program in these tests: the wide tensor (20,000 values) spans 40
+CHUNK, BLOCK = 512, 128  # a program's elements and its loop's step in these tests: the wide
+# tensor (20,000 values) spans 40 chunks of 4 blocks
 
 
 @pytest.mark.skipif(INTERPRETED, reason="the child process itself")
@@ -56,6 +58,7 @@ def triton_step(monkeypatch):
         pytest.skip("runs in the child process (test_the_kernels_in_triton_s_interpreter)")
     from bigbatch.optim import triton_step as module
     monkeypatch.setattr(module, "CHUNK", CHUNK)
+    monkeypatch.setattr(module, "BLOCK", BLOCK)
     monkeypatch.setattr(lars_kernel, "_KERNELS", None)
     monkeypatch.setattr(lamb_kernel, "_KERNELS", None)
     return module
@@ -220,3 +223,38 @@ def test_a_kernel_that_fails_to_build_warns_once_and_the_eager_step_takes_over(t
     said = [str(w.message) for w in caught if "Triton" in str(w.message)]
     assert len(said) == 1 and "no kernel for this GPU" in said[0]
     assert torch.equal(params[0].detach(), twin[0].detach())
+
+
+def test_a_chunk_that_is_not_a_power_of_two_of_blocks_is_refused(triton_step):
+    """A chunk ending inside a block would let its last block spill into the next chunk."""
+    params = [torch.nn.Parameter(torch.randn(3000))]
+    params[0].grad = torch.randn(3000)
+    with pytest.raises(ValueError, match="power of two of at least 128"):
+        triton_step.lars_step(params, [params[0].grad], [torch.zeros(3000)], lr=0.1,
+                              momentum=0.9, weight_decay=0.0, trust_coefficient=0.01, eps=0.0,
+                              clip=False, nesterov=False, lars=True, cache={}, chunk=384)
+
+
+def test_per_tensor_step_counts_take_the_corrections_table(triton_step, monkeypatch):
+    """A tensor that joined later (its own step count) steps as the reference, each with its
+    own bias corrections."""
+    kind = KINDS["lamb"]
+    model = Model(torch.float32)
+    opt = LAMB([{"params": [model.conv, model.wide, model.fc]}], lr=0.01)
+    reference = Reference(kind, model, opt)
+    model.fc.grad = None
+    for step in range(3):
+        grads = gradients(step)
+        for name in ("conv", "wide", "fc"):
+            if name != "fc" or step > 0:
+                getattr(model, name).grad = grads[name].float()
+        opt.step()
+        for group, names in reference.groups:
+            for n in names:
+                if n != "fc" or step > 0:
+                    reference.weights[n] = kind.reference(reference.weights[n], grads[n],
+                                                          reference.states[n], group)
+    assert [opt.state[p]["step"] for p in (model.conv, model.fc)] == [3, 2]
+    for n in ("conv", "wide", "fc"):
+        torch.testing.assert_close(getattr(model, n).detach().double(), reference.weights[n],
+                                   rtol=1e-5, atol=1e-5)

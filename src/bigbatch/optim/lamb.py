@@ -121,9 +121,7 @@ class LAMB(Optimizer):
             kernels.lamb_step(params, grads, avgs, avg_sqs,
                               *_bias_corrections(group["betas"], steps), cache=plans[index],
                               **{key: group[key] for key in _UPDATE_KEYS})
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as error:  # noqa: BLE001 (a build failure: warned once, then eager)
+        except kernels.BUILD_ERRORS as error:  # warned once, then the eager step
             kernels.give_up(error)
             return False
         return True

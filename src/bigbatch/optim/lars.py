@@ -200,9 +200,7 @@ class LARS(Optimizer):
         try:
             ratios = kernels.lars_step(params, grads, bufs, cache=self._triton_plans[index],
                                        **_update_options(group))
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as error:  # noqa: BLE001 (a build failure: warned once, then eager)
+        except kernels.BUILD_ERRORS as error:  # warned once, then the eager step
             kernels.give_up(error)
             return False
         if ratios is not None:

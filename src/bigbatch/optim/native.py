@@ -83,8 +83,9 @@ def triton_steps(device: torch.device) -> ModuleType | None:
 def same_dense_layout(*lists: list[Tensor], dtypes: tuple[torch.dtype, ...] = DTYPES,
                       device_type: str = "cpu") -> bool:
     """Whether the tensors can go to a kernel: on a ``device_type`` device, one of ``dtypes``,
-    and the tensors at each position (a weight, its gradient, its state) dense with the same
-    strides (contiguous or channels-last alike), so that one index walks them all."""
+    and the tensors at each position (a weight, its gradient, its state) of one shape and dense
+    with the same strides (contiguous or channels-last alike), so that one index walks them
+    all."""
     if not lists[0] or lists[0][0].dtype not in dtypes:
         return False
     dtype, device = lists[0][0].dtype, lists[0][0].device
@@ -92,9 +93,10 @@ def same_dense_layout(*lists: list[Tensor], dtypes: tuple[torch.dtype, ...] = DT
         return False
     for same in zip(*lists, strict=True):
         first = same[0]
-        stride = first.stride()
+        shape, stride = first.shape, first.stride()
         for t in same:
-            if not (t.dtype == dtype and t.device == device and t.stride() == stride):
+            if not (t.dtype == dtype and t.device == device and t.shape == shape
+                    and t.stride() == stride):
                 return False
         if not _dense(first):
             return False

@@ -53,10 +53,13 @@ def interpreting() -> bool:
 
 def supports(*lists: list[Tensor]) -> bool:
     """Whether the kernels can step these tensors: switched on, one float32/bfloat16/float16
-    dtype, on a CUDA device (the CPU when interpreting), each position's tensors dense with the
-    same strides."""
+    dtype, on a CUDA device (the CPU when interpreting), each position's tensors of one shape
+    and dense with the same strides, and no CUDA graph being captured (a step's tables come
+    from the host)."""
     device = "cpu" if interpreting() else "cuda"
-    return _enabled and native.same_dense_layout(*lists, dtypes=DTYPES, device_type=device)
+    if not (_enabled and native.same_dense_layout(*lists, dtypes=DTYPES, device_type=device)):
+        return False
+    return device == "cpu" or not torch.cuda.is_current_stream_capturing()
 
 
 @contextlib.contextmanager
@@ -70,8 +73,21 @@ def disabled() -> Iterator[None]:
         _enabled = enabled
 
 
+def enabled() -> bool:
+    """Whether the kernels are on (not switched off, nor given up on)."""
+    return _enabled
+
+
+# What a kernel that cannot be built or launched here raises (the driver's "no kernel image for
+# this device" is a RuntimeError); a step that raises one has written nothing (see lamb_step).
+BUILD_ERRORS = (triton.CompilationError, triton.runtime.errors.TritonError, RuntimeError)
+
+
 def give_up(error: Exception) -> None:
-    """Switch the kernels off for this process, saying why once (the caller then steps eagerly)."""
+    """Switch the kernels off for this process, saying why once (the caller then steps eagerly);
+    out-of-memory is raised as it came."""
+    if isinstance(error, torch.OutOfMemoryError):
+        raise error
     global _enabled
     _enabled = False
     warnings.warn(f"the Triton LARS/LAMB step failed ({type(error).__name__}: {error}); "
@@ -95,7 +111,8 @@ class Plan:
 
 def plan(roles: tuple[list[Tensor], ...], chunk: int, cache: dict) -> Plan:
     """The tables for these tensors, from ``cache`` while their addresses stay the same."""
-    key = (chunk, *[(t.data_ptr(), t.numel()) for tensors in roles for t in tensors])
+    key = (chunk, roles[0][0].device,
+           *[(t.data_ptr(), t.numel()) for tensors in roles for t in tensors])
     if cache.get("key") != key:
         cache.clear()
         cache["key"], cache["plan"] = key, _make_plan(roles, chunk)
@@ -103,6 +120,8 @@ def plan(roles: tuple[list[Tensor], ...], chunk: int, cache: dict) -> Plan:
 
 
 def _make_plan(roles: tuple[list[Tensor], ...], chunk: int) -> Plan:
+    if chunk < BLOCK or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two of at least {BLOCK}, got {chunk}")
     numels = [t.numel() for t in roles[0]]
     counts = [max(1, -(-n // chunk)) for n in numels]
     firsts = [0]
@@ -119,55 +138,77 @@ def _make_plan(roles: tuple[list[Tensor], ...], chunk: int) -> Plan:
                 max(2, triton.next_power_of_2(max(counts))))
 
 
-def _launch_settings(tables: Plan, chunk: int) -> dict:
-    return dict(chunks=tables.chunks, numels=tables.numels, CHUNK=chunk, BLOCK=min(BLOCK, chunk))
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensors'."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+@torch.compiler.disable  # the kernels write through addresses a traced graph cannot see
 def lars_step(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: float,
               momentum: float, weight_decay: float, trust_coefficient: float, eps: float,
               clip: bool, nesterov: bool, lars: bool, cache: dict,
               chunk: int | None = None) -> Tensor | None:
     """One LARS step (Algorithm 1, as :mod:`bigbatch.optim.lars`) of the tensors in place; the
-    trust ratios (float32, on the device) if ``lars``; ``chunk``: elements a program (CHUNK)."""
+    trust ratios (float32, on the device) if ``lars``; ``chunk``: elements a program (CHUNK, a
+    power of two of at least BLOCK). Only the second launch writes the tensors."""
     chunk = chunk or CHUNK
     tables = plan((params, grads, bufs), chunk, cache)
     count, device = tables.count, params[0].device
-    addresses = tables.addresses
-    w, g, v = addresses[:count], addresses[count:2 * count], addresses[2 * count:]
+    w, g, v = (tables.addresses[k * count:(k + 1) * count] for k in range(3))
     partial = torch.empty(2 * tables.total, dtype=torch.float32, device=device)
     ratios = torch.empty(count, dtype=torch.float32, device=device)
-    settings = _launch_settings(tables, chunk)
-    if lars:
-        _lars_norms[(tables.total,)](w, g, params[0], partial=partial, **settings)
-    _lars_update[(tables.total,)](
-        w, g, v, params[0], firsts=tables.firsts, partial=partial, ratios=ratios, lr=float(lr),
-        momentum=momentum, weight_decay=weight_decay, trust=trust_coefficient, eps=eps,
-        ADAPT=lars, CLIP=clip, NESTEROV=nesterov, WIDEST=tables.widest, **settings)
+    settings = dict(chunks=tables.chunks, numels=tables.numels, CHUNK=chunk, BLOCK=BLOCK)
+    with _on(device):
+        if lars:
+            _lars_norms[(tables.total,)](w, g, params[0], partial=partial, **settings)
+        _lars_update[(tables.total,)](
+            w, g, v, params[0], firsts=tables.firsts, partial=partial, ratios=ratios,
+            lr=float(lr), momentum=float(momentum), weight_decay=float(weight_decay),
+            trust=float(trust_coefficient), eps=float(eps), ADAPT=lars, CLIP=clip,
+            NESTEROV=nesterov, WIDEST=tables.widest, **settings)
     torch.autograd.graph.increment_version(params + bufs)  # written behind autograd's back
     return ratios if lars else None
 
 
+@torch.compiler.disable
 def lamb_step(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
               avg_sqs: list[Tensor], r1: list[float], r2: list[float], *, lr: float,
               betas: tuple[float, float], eps: float, weight_decay: float, lars: bool,
               cache: dict, chunk: int | None = None) -> None:
     """One LAMB step (Algorithm 2, as :mod:`bigbatch.optim.lamb`) of the tensors in place, with
-    each tensor's reciprocal bias corrections r1 = 1/(1 − β₁ᵗ) and r2 = 1/√(1 − β₂ᵗ)."""
+    each tensor's reciprocal bias corrections r1 = 1/(1 − β₁ᵗ) and r2 = 1/√(1 − β₂ᵗ).
+
+    The first launch writes the moments, so both kernels are built before it (a kernel that
+    cannot be built raises before anything is written). Where every tensor has one step count
+    (the usual case) the corrections are launch arguments; else a table copied each step.
+    """
     chunk = chunk or CHUNK
     tables = plan((params, grads, avgs, avg_sqs), chunk, cache)
     count, device = tables.count, params[0].device
     x, g, m, v = (tables.addresses[k * count:(k + 1) * count] for k in range(4))
-    corrections = torch.tensor([*r1, *r2], dtype=torch.float32).to(device, non_blocking=True)
     partial = torch.empty(2 * tables.total, dtype=torch.float32, device=device)
-    beta1, beta2 = betas
-    common = dict(corrections=corrections, count=count, eps=eps, weight_decay=weight_decay,
-                  **_launch_settings(tables, chunk))
-    _lamb_moments[(tables.total,)](
-        x, g, m, v, params[0], partial=partial, lr=float(lr), w1=1.0 - beta1, beta2=beta2,
-        w2=1.0 - beta2, SMALL=1.0 - beta1 < 0.5, ADAPT=lars, **common)
-    if lars:
-        _lamb_apply[(tables.total,)](x, m, v, params[0], firsts=tables.firsts, partial=partial,
-                                     lr=float(lr), WIDEST=tables.widest, **common)
+    uniform = len(set(r1)) == 1 and len(set(r2)) == 1
+    corrections = partial if uniform else torch.tensor(
+        [*r1, *r2], dtype=torch.float32).to(device, non_blocking=True)
+    beta1, beta2 = (float(beta) for beta in betas)
+    common = dict(chunks=tables.chunks, numels=tables.numels, corrections=corrections,
+                  count=count, r1=float(r1[0]), r2=float(r2[0]), eps=float(eps),
+                  weight_decay=float(weight_decay), lr=float(lr), PER_TENSOR=not uniform,
+                  CHUNK=chunk, BLOCK=BLOCK)
+    first = dict(partial=partial, w1=1.0 - beta1, beta2=beta2, w2=1.0 - beta2,
+                 SMALL=1.0 - beta1 < 0.5, ADAPT=lars, **common)
+    second = dict(firsts=tables.firsts, partial=partial, WIDEST=tables.widest, **common)
+    grid = (tables.total,)
+    # What selects a compiled kernel (the plan's widest reduction is in the cache's key).
+    variant = (lars, first["SMALL"], uniform, params[0].dtype, params[0].data_ptr() % 16)
+    with _on(device):
+        if lars and not interpreting() and cache.get("built") != variant:
+            _lamb_moments.warmup(x, g, m, v, params[0], grid=grid, **first)
+            _lamb_apply.warmup(x, m, v, params[0], grid=grid, **second)
+            cache["built"] = variant
+        _lamb_moments[grid](x, g, m, v, params[0], **first)
+        if lars:
+            _lamb_apply[grid](x, m, v, params[0], **second)
     torch.autograd.graph.increment_version(params + avgs + avg_sqs)
 
 
@@ -175,13 +216,13 @@ def lamb_step(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
 
 
 @triton.jit
-def _chunk(chunks, numels):
-    """This program's chunk: its tensor, its first element, and the elements from there to the
-    tensor's end (the chunk is the first CHUNK of them)."""
+def _chunk(chunks, numels, CHUNK: tl.constexpr):
+    """This program's chunk: its tensor, its first element and its length (CHUNK, or what is
+    left of the tensor)."""
     c = tl.program_id(0)
     t = tl.load(chunks + 2 * c)
     start = tl.load(chunks + 2 * c + 1)
-    return t, start, tl.load(numels + t) - start
+    return t, start, tl.minimum(tl.load(numels + t) - start, CHUNK)
 
 
 @triton.jit
@@ -198,12 +239,12 @@ def _tensor_sums(partial, firsts, t, WIDEST: tl.constexpr):
 @triton.jit
 def _lars_norms(w_addr, g_addr, like, chunks, numels, partial, CHUNK: tl.constexpr,
                 BLOCK: tl.constexpr):
-    t, start, n = _chunk(chunks, numels)
+    t, start, n = _chunk(chunks, numels, CHUNK)
     w = tl.load(w_addr + t).to(like.dtype)
     g = tl.load(g_addr + t).to(like.dtype)
     acc_w = tl.zeros([BLOCK], tl.float32)
     acc_g = tl.zeros([BLOCK], tl.float32)
-    for off in range(0, tl.minimum(n, CHUNK), BLOCK):
+    for off in range(0, n, BLOCK):
         i = start + off + tl.arange(0, BLOCK)
         inside = i < start + n
         x = tl.load(w + i, mask=inside, other=0.0).to(tl.float32)
@@ -220,7 +261,7 @@ def _lars_update(w_addr, g_addr, v_addr, like, chunks, numels, firsts, partial, 
                  momentum, weight_decay, trust, eps, ADAPT: tl.constexpr, CLIP: tl.constexpr,
                  NESTEROV: tl.constexpr, WIDEST: tl.constexpr, CHUNK: tl.constexpr,
                  BLOCK: tl.constexpr):
-    t, start, n = _chunk(chunks, numels)
+    t, start, n = _chunk(chunks, numels, CHUNK)
     ratio = 1.0
     if ADAPT:  # λ = η‖w‖ / (‖g‖ + β‖w‖ + eps), 1 where a norm is 0; min(λ, 1) with CLIP
         w2, g2 = _tensor_sums(partial, firsts, t, WIDEST)
@@ -237,7 +278,7 @@ def _lars_update(w_addr, g_addr, v_addr, like, chunks, numels, firsts, partial, 
     w = tl.load(w_addr + t).to(like.dtype)
     g = tl.load(g_addr + t).to(like.dtype)
     v = tl.load(v_addr + t).to(like.dtype)
-    for off in range(0, tl.minimum(n, CHUNK), BLOCK):
+    for off in range(0, n, BLOCK):
         i = start + off + tl.arange(0, BLOCK)
         inside = i < start + n
         x = tl.load(w + i, mask=inside).to(tl.float32)
@@ -259,19 +300,21 @@ def _adam_direction(x, m, v, r1, r2, eps, weight_decay):
 
 @triton.jit
 def _lamb_moments(x_addr, g_addr, m_addr, v_addr, like, chunks, numels, partial, corrections,
-                  count, lr, w1, beta2, w2, eps, weight_decay, SMALL: tl.constexpr,
-                  ADAPT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                  count, r1, r2, lr, w1, beta2, w2, eps, weight_decay, PER_TENSOR: tl.constexpr,
+                  SMALL: tl.constexpr, ADAPT: tl.constexpr, CHUNK: tl.constexpr,
+                  BLOCK: tl.constexpr):
     """The moments, and ‖x‖², ‖u‖² into the partials (ADAPT); without ADAPT also x ← x − η·u."""
-    t, start, n = _chunk(chunks, numels)
-    r1 = tl.load(corrections + t)
-    r2 = tl.load(corrections + count + t)
+    t, start, n = _chunk(chunks, numels, CHUNK)
+    if PER_TENSOR:
+        r1 = tl.load(corrections + t)
+        r2 = tl.load(corrections + count + t)
     xp = tl.load(x_addr + t).to(like.dtype)
     gp = tl.load(g_addr + t).to(like.dtype)
     mp = tl.load(m_addr + t).to(like.dtype)
     vp = tl.load(v_addr + t).to(like.dtype)
     acc_x = tl.zeros([BLOCK], tl.float32)
     acc_u = tl.zeros([BLOCK], tl.float32)
-    for off in range(0, tl.minimum(n, CHUNK), BLOCK):
+    for off in range(0, n, BLOCK):
         i = start + off + tl.arange(0, BLOCK)
         inside = i < start + n
         x = tl.load(xp + i, mask=inside, other=0.0).to(tl.float32)
@@ -301,20 +344,21 @@ def _lamb_moments(x_addr, g_addr, m_addr, v_addr, like, chunks, numels, partial,
 
 @triton.jit
 def _lamb_apply(x_addr, m_addr, v_addr, like, chunks, numels, firsts, partial, corrections,
-                count, lr, eps, weight_decay, WIDEST: tl.constexpr, CHUNK: tl.constexpr,
-                BLOCK: tl.constexpr):
+                count, r1, r2, lr, eps, weight_decay, PER_TENSOR: tl.constexpr,
+                WIDEST: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """x ← x − η·(‖x‖/‖u‖)·u, u recomputed from the stored moments (1 where a norm is 0)."""
-    t, start, n = _chunk(chunks, numels)
+    t, start, n = _chunk(chunks, numels, CHUNK)
     x2, u2 = _tensor_sums(partial, firsts, t, WIDEST)
     xn = tl.sqrt_rn(x2)
     un = tl.sqrt_rn(u2)
     coef = -lr * tl.where((xn > 0) & (un > 0), tl.div_rn(xn, un), 1.0)
-    r1 = tl.load(corrections + t)
-    r2 = tl.load(corrections + count + t)
+    if PER_TENSOR:
+        r1 = tl.load(corrections + t)
+        r2 = tl.load(corrections + count + t)
     xp = tl.load(x_addr + t).to(like.dtype)
     mp = tl.load(m_addr + t).to(like.dtype)
     vp = tl.load(v_addr + t).to(like.dtype)
-    for off in range(0, tl.minimum(n, CHUNK), BLOCK):
+    for off in range(0, n, BLOCK):
         i = start + off + tl.arange(0, BLOCK)
         inside = i < start + n
         x = tl.load(xp + i, mask=inside).to(tl.float32)
