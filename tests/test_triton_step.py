@@ -8,6 +8,7 @@ file again in a child process with the variable set; there the tests below run.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -258,3 +259,45 @@ def test_per_tensor_step_counts_take_the_corrections_table(triton_step, monkeypa
     for n in ("conv", "wide", "fc"):
         torch.testing.assert_close(getattr(model, n).detach().double(), reference.weights[n],
                                    rtol=1e-5, atol=1e-5)
+
+
+# The kernels' arguments by name: pointer tables, the element type's pointer, float scalars.
+ARGUMENT_TYPES = {**dict.fromkeys(["w_addr", "g_addr", "v_addr", "x_addr", "m_addr", "chunks",
+                                   "numels", "firsts"], "*i64"),
+                  **dict.fromkeys(["partial", "ratios", "corrections"], "*fp32"), "count": "i32",
+                  **dict.fromkeys(["lr", "momentum", "weight_decay", "trust", "eps", "w1",
+                                   "beta2", "w2", "r1", "r2"], "fp32")}
+
+
+def kernel_variants(module):
+    """Each kernel with each combination of its switches (constexprs)."""
+    sizes = {"CHUNK": module.CHUNK, "BLOCK": module.BLOCK, "WIDEST": 64}
+    switches = {module._lars_norms: [], module._lars_update: ["ADAPT", "CLIP", "NESTEROV"],
+                module._lamb_moments: ["PER_TENSOR", "SMALL", "ADAPT"],
+                module._lamb_apply: ["PER_TENSOR"]}
+    for kernel, names in switches.items():
+        for values in itertools.product((True, False), repeat=len(names)):
+            yield kernel, {**{k: v for k, v in sizes.items() if k in kernel.arg_names},
+                           **dict(zip(names, values, strict=True))}
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiles, which the interpreter does not")
+@pytest.mark.parametrize("element", ["fp32", "bf16", "fp16"])
+def test_every_kernel_compiles_for_a_hopper_gpu(element):
+    """Triton's compiler, not its interpreter, takes every kernel variant to sm_90 machine code
+    (no GPU needed): what the interpreter accepts and the compiler would refuse shows here."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from bigbatch.optim import triton_step as module
+    target = GPUTarget("cuda", 90, 32)
+    built = 0
+    for kernel, constants in kernel_variants(module):
+        types = {**ARGUMENT_TYPES, "like": f"*{element}"}
+        signature = {name: "constexpr" if name in constants else types[name]
+                     for name in kernel.arg_names}
+        compiled = compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                           target=target)
+        assert "sm_90" in compiled.asm["ptx"] and compiled.asm.get("cubin")
+        built += 1
+    assert built == 1 + 8 + 8 + 2
