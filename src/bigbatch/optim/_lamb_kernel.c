@@ -36,6 +36,10 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int32_t adapt, threads;
     int64_t bucket_elements;
+    /* The caller's scratch of scratch_elements values, kept from step to step (NULL: one is
+     * allocated for the step; a fresh allocation of megabytes costs a page fault a page). */
+    void *scratch;
+    int64_t scratch_elements;
 } LambOptions;
 
 /* The ratio ‖x‖/‖u‖ of the tensor whose chunks start at chunk c, its chunks' sums added in
@@ -114,7 +118,9 @@ static double trust_ratio(const Plan *p, int64_t c) {
                            const LambOptions *o, const double *bc1, const double *bc2) {       \
         Plan p;                                                                                \
         if (make_plan(numel, count, o->bucket_elements, 2, &p) != 0) return -1;                \
-        T *scratch = o->adapt ? malloc((size_t)(2 * p.widest + 1) * sizeof(T)) : NULL;         \
+        int64_t needed = 2 * p.widest + 1;                                                     \
+        int own = o->adapt && (!o->scratch || o->scratch_elements < needed);                   \
+        T *scratch = own ? malloc((size_t)needed * sizeof(T)) : (T *)o->scratch;               \
         if (o->adapt && !scratch) {                                                            \
             free_plan(&p);                                                                     \
             return -1;                                                                         \
@@ -157,7 +163,7 @@ static double trust_ratio(const Plan *p, int64_t c) {
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        free(scratch);                                                                         \
+        if (own) free(scratch);                                                                \
         free_plan(&p);                                                                         \
         return 0;                                                                              \
     }

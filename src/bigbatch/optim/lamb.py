@@ -99,6 +99,7 @@ class LAMB(Optimizer):
             limit = _bucket_limit(group, params[0].device)
             if limit is not None and lamb_kernel.supports(params, grads, avgs, avg_sqs):
                 lamb_kernel.step(params, grads, avgs, avg_sqs, steps, bucket_bytes=limit,
+                                 scratch=self.__dict__.setdefault("_kernel_scratch", {}),
                                  **{key: group[key] for key in _UPDATE_KEYS})
                 continue
             if self._triton_step(index, params, grads, avgs, avg_sqs, steps, group):

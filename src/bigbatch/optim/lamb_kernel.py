@@ -26,7 +26,8 @@ class _Options(ctypes.Structure):
     _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
                 ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
                 ("adapt", ctypes.c_int32), ("threads", ctypes.c_int32),
-                ("bucket_elements", ctypes.c_int64)]
+                ("bucket_elements", ctypes.c_int64), ("scratch", ctypes.c_void_p),
+                ("scratch_elements", ctypes.c_int64)]
 
 
 _KERNELS = native.load_kernels(
@@ -51,18 +52,39 @@ def supports(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor],
     return _KERNELS is not None and native.same_dense_layout(params, grads, avgs, avg_sqs)
 
 
+def scratch_elements(numels: list[int], bucket_elements: int) -> int:
+    """The scratch the kernel needs: two of its widest bucket (consecutive tensors of at most
+    ``bucket_elements`` values, or one larger tensor alone), and one value."""
+    widest = size = 0
+    for n in numels:
+        if size and size + n > bucket_elements:
+            size = 0
+        size += n
+        widest = max(widest, size)
+    return 2 * widest + 1
+
+
 def step(params: list[Tensor], grads: list[Tensor], avgs: list[Tensor], avg_sqs: list[Tensor],
          steps: list[int], *, lr: float, betas: tuple[float, float], eps: float,
-         weight_decay: float, lars: bool, bucket_bytes: int) -> None:
+         weight_decay: float, lars: bool, bucket_bytes: int, scratch: dict) -> None:
     """One step of the tensors (see :func:`supports`) in place; ``lars=False``: no trust ratio.
 
     ``steps``: each tensor's step count t (after this step's increment), for the bias
     corrections 1 − β₁ᵗ and √(1 − β₂ᵗ), computed here as the eager step computes them.
+    ``scratch``: the caller's, where the kernel's scratch buffer is kept from step to step.
     """
     count = len(params)
     beta1, beta2 = betas
+    bucket_elements = max(1, bucket_bytes // params[0].element_size())
+    buffer = None
+    if lars:
+        needed = scratch_elements([p.numel() for p in params], bucket_elements)
+        buffer = scratch.get(params[0].dtype)
+        if buffer is None or buffer.numel() < needed:
+            buffer = scratch[params[0].dtype] = torch.empty(needed, dtype=params[0].dtype)
     options = _Options(float(lr), beta1, beta2, eps, weight_decay, lars, torch.get_num_threads(),
-                       max(1, bucket_bytes // params[0].element_size()))
+                       bucket_elements, buffer.data_ptr() if buffer is not None else None,
+                       buffer.numel() if buffer is not None else 0)
     doubles = ctypes.c_double * count
     pointers = ctypes.c_void_p * count
     result = _KERNELS[params[0].dtype](
