@@ -48,8 +48,8 @@ def test_the_kernels_in_triton_s_interpreter():
         capture_output=True, text=True, timeout=900)
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
     assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
-    # every test ran there but this one
-    assert " passed" in summary and "1 skipped" in summary and "failed" not in summary, summary
+    # every test ran there but this one and the three compile tests (run here instead)
+    assert " passed" in summary and "4 skipped" in summary and "failed" not in summary, summary
 
 
 @pytest.fixture

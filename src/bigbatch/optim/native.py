@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import importlib.machinery
 import os
 from collections.abc import Iterator
@@ -73,11 +74,10 @@ def triton_steps(device: torch.device) -> ModuleType | None:
     None for other devices, where Triton is not installed, or where it does not import."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return None
-    try:
-        from bigbatch.optim import triton_step
+    try:  # imported by name, on first use: triton_step itself imports this module
+        return importlib.import_module("bigbatch.optim.triton_step")
     except Exception:  # not installed, or an install that does not import: the eager steps
         return None
-    return triton_step
 
 
 def same_dense_layout(*lists: list[Tensor], dtypes: tuple[torch.dtype, ...] = DTYPES,
