@@ -237,6 +237,23 @@ def _tensor_sums(partial, firsts, t, WIDEST: tl.constexpr):
 
 
 @triton.jit
+def _store_sums(partial, a, b):
+    """This program's two partial sums (of the lanes of ``a`` and of ``b``), in their slots."""
+    c = tl.program_id(0)
+    tl.store(partial + 2 * c, tl.sum(a, axis=0))
+    tl.store(partial + 2 * c + 1, tl.sum(b, axis=0))
+
+
+@triton.jit
+def _corrections(corrections, count, t, r1, r2, PER_TENSOR: tl.constexpr):
+    """Tensor t's bias corrections: its row of the table, or the launch's own."""
+    if PER_TENSOR:
+        r1 = tl.load(corrections + t)
+        r2 = tl.load(corrections + count + t)
+    return r1, r2
+
+
+@triton.jit
 def _lars_norms(w_addr, g_addr, like, chunks, numels, partial, CHUNK: tl.constexpr,
                 BLOCK: tl.constexpr):
     t, start, n = _chunk(chunks, numels, CHUNK)
@@ -251,9 +268,7 @@ def _lars_norms(w_addr, g_addr, like, chunks, numels, partial, CHUNK: tl.constex
         y = tl.load(g + i, mask=inside, other=0.0).to(tl.float32)
         acc_w += x * x
         acc_g += y * y
-    c = tl.program_id(0)
-    tl.store(partial + 2 * c, tl.sum(acc_w, axis=0))
-    tl.store(partial + 2 * c + 1, tl.sum(acc_g, axis=0))
+    _store_sums(partial, acc_w, acc_g)
 
 
 @triton.jit
@@ -305,9 +320,7 @@ def _lamb_moments(x_addr, g_addr, m_addr, v_addr, like, chunks, numels, partial,
                   BLOCK: tl.constexpr):
     """The moments, and ‖x‖², ‖u‖² into the partials (ADAPT); without ADAPT also x ← x − η·u."""
     t, start, n = _chunk(chunks, numels, CHUNK)
-    if PER_TENSOR:
-        r1 = tl.load(corrections + t)
-        r2 = tl.load(corrections + count + t)
+    r1, r2 = _corrections(corrections, count, t, r1, r2, PER_TENSOR)
     xp = tl.load(x_addr + t).to(like.dtype)
     gp = tl.load(g_addr + t).to(like.dtype)
     mp = tl.load(m_addr + t).to(like.dtype)
@@ -337,9 +350,7 @@ def _lamb_moments(x_addr, g_addr, m_addr, v_addr, like, chunks, numels, partial,
         else:
             tl.store(xp + i, (x - lr * u).to(like.dtype.element_ty), mask=inside)
     if ADAPT:
-        c = tl.program_id(0)
-        tl.store(partial + 2 * c, tl.sum(acc_x, axis=0))
-        tl.store(partial + 2 * c + 1, tl.sum(acc_u, axis=0))
+        _store_sums(partial, acc_x, acc_u)
 
 
 @triton.jit
@@ -352,9 +363,7 @@ def _lamb_apply(x_addr, m_addr, v_addr, like, chunks, numels, firsts, partial, c
     xn = tl.sqrt_rn(x2)
     un = tl.sqrt_rn(u2)
     coef = -lr * tl.where((xn > 0) & (un > 0), tl.div_rn(xn, un), 1.0)
-    if PER_TENSOR:
-        r1 = tl.load(corrections + t)
-        r2 = tl.load(corrections + count + t)
+    r1, r2 = _corrections(corrections, count, t, r1, r2, PER_TENSOR)
     xp = tl.load(x_addr + t).to(like.dtype)
     mp = tl.load(m_addr + t).to(like.dtype)
     vp = tl.load(v_addr + t).to(like.dtype)
